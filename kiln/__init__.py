@@ -1,0 +1,1 @@
+"""Kiln: the OpenAI Responses API for models you host."""
