@@ -1,0 +1,289 @@
+"""The usage ledger: one row per generation, and the credit debit that goes with it.
+
+The gateway mints a generation id before it sends anything (it goes in the
+``X-Neocloud-Generation-Id`` header, also on streams), then calls ``Meter.record`` once the final
+event or error is known. Writing the event and debiting the organization happen in one transaction,
+so the ledger and the balance can never disagree. ``completed`` and ``incomplete`` generations are
+billed; ``failed`` and ``error`` ones are recorded with cost 0. Recording is idempotent per
+generation id: a retried call neither duplicates the row nor debits twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import string
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+
+from kiln.gateway.errors import ApiError
+
+from .catalog import Catalog
+from .db import Database
+from .money import nanos_to_usd, usd_to_nanos
+from .schema import organizations, usage_events, utcnow
+
+log = logging.getLogger(__name__)
+
+BILLED_STATUSES = frozenset({"completed", "incomplete"})
+UNBILLED_STATUSES = frozenset({"failed", "error"})
+MAX_PAGE = 1000
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_generation_id() -> str:
+    """``gen_`` + 24 random alphanumerics (~143 bits): unique without asking the database."""
+    return "gen_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """What the gateway knows when a generation ends."""
+
+    generation_id: str
+    org_id: int
+    key_prefix: str
+    model: str
+    status: str
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: int = 0
+
+
+@dataclass(frozen=True)
+class UsageEvent:
+    """One ledger row, cost included (what was debited, in USD)."""
+
+    generation_id: str
+    org_id: int
+    key_prefix: str
+    model: str
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    status: str
+    latency_ms: int
+    created_at: datetime
+
+    def to_json(self) -> dict:
+        """The event as GET /v1/usage shows it."""
+        return {
+            "object": "usage.event",
+            "id": self.generation_id,
+            "created_at": int(self.created_at.timestamp()),
+            "model": self.model,
+            "status": self.status,
+            "key_prefix": self.key_prefix,
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": self.output_tokens,
+            "total_tokens": self.input_tokens + self.output_tokens,
+            "cost": float(self.cost_usd),
+            "latency_ms": self.latency_ms,
+        }
+
+
+@dataclass(frozen=True)
+class UsagePage:
+    data: list[UsageEvent]
+    has_more: bool
+
+    def to_json(self) -> dict:
+        """An OpenAI-style list; ``last_id`` is the ``after`` cursor of the next page."""
+        return {
+            "object": "list",
+            "data": [event.to_json() for event in self.data],
+            "first_id": self.data[0].generation_id if self.data else None,
+            "last_id": self.data[-1].generation_id if self.data else None,
+            "has_more": self.has_more,
+        }
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    events: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+
+
+def _event(row: Row) -> UsageEvent:
+    return UsageEvent(
+        generation_id=row.generation_id,
+        org_id=row.org_id,
+        key_prefix=row.key_prefix,
+        model=row.model,
+        input_tokens=row.input_tokens,
+        cached_tokens=row.cached_tokens,
+        output_tokens=row.output_tokens,
+        cost_usd=nanos_to_usd(row.cost_nanousd),
+        status=row.status,
+        latency_ms=row.latency_ms,
+        created_at=row.created_at,
+    )
+
+
+def _as_datetime(ts: float | int | datetime) -> datetime:
+    if isinstance(ts, datetime):
+        return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+    return datetime.fromtimestamp(ts, timezone.utc)
+
+
+class Meter:
+    """Records usage events against the catalog's prices and lists an organization's ledger."""
+
+    def __init__(self, db: Database, catalog: Catalog) -> None:
+        self._db = db
+        self._catalog = catalog
+
+    def cost_nanos(self, record: UsageRecord) -> int:
+        """What the record is billed, in nano-dollars (0 for unbilled statuses)."""
+        if record.status not in BILLED_STATUSES:
+            return 0
+        if record.model not in self._catalog:
+            # The model left the catalog while the request ran: record it, but there is no price.
+            log.warning("no price for model %r; generation %s recorded at cost 0",
+                        record.model, record.generation_id)
+            return 0
+        cost = self._catalog.cost(
+            record.model, record.input_tokens, record.cached_tokens, record.output_tokens
+        )
+        return usd_to_nanos(cost)
+
+    async def record(self, record: UsageRecord) -> UsageEvent:
+        """Write the event and debit its cost in one transaction; return the ledger row."""
+        if record.status not in BILLED_STATUSES | UNBILLED_STATUSES:
+            raise ValueError(f"unknown usage status {record.status!r}")
+        counts = (record.input_tokens, record.cached_tokens, record.output_tokens, record.latency_ms)
+        if min(counts) < 0:
+            raise ValueError("token counts and latency must not be negative")
+        cost = self.cost_nanos(record)
+        values = dict(
+            generation_id=record.generation_id,
+            org_id=record.org_id,
+            key_prefix=record.key_prefix,
+            model=record.model,
+            input_tokens=record.input_tokens,
+            cached_tokens=min(record.cached_tokens, record.input_tokens),
+            output_tokens=record.output_tokens,
+            cost_nanousd=cost,
+            status=record.status,
+            latency_ms=int(record.latency_ms),
+            created_at=utcnow(),
+        )
+        try:
+            async with self._db.engine.begin() as conn:
+                await conn.execute(usage_events.insert().values(**values))
+                if cost:
+                    await conn.execute(
+                        organizations.update()
+                        .where(organizations.c.id == record.org_id)
+                        .values(credits_nanousd=organizations.c.credits_nanousd - cost)
+                    )
+        except IntegrityError:
+            existing = await self.get(record.org_id, record.generation_id)
+            if existing is None:  # not a duplicate: e.g. an unknown organization
+                raise
+            return existing
+        return UsageEvent(
+            generation_id=record.generation_id,
+            org_id=record.org_id,
+            key_prefix=record.key_prefix,
+            model=record.model,
+            input_tokens=values["input_tokens"],
+            cached_tokens=values["cached_tokens"],
+            output_tokens=record.output_tokens,
+            cost_usd=nanos_to_usd(cost),
+            status=record.status,
+            latency_ms=values["latency_ms"],
+            created_at=values["created_at"],
+        )
+
+    async def get(self, org_id: int, generation_id: str) -> UsageEvent | None:
+        query = select(usage_events).where(
+            usage_events.c.org_id == org_id, usage_events.c.generation_id == generation_id
+        )
+        async with self._db.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else _event(row)
+
+    async def list_usage(
+        self,
+        org_id: int,
+        *,
+        after_ts: float | int | datetime | None = None,
+        before_ts: float | int | datetime | None = None,
+        model: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+    ) -> UsagePage:
+        """One page of the organization's events, oldest first.
+
+        ``after_ts``/``before_ts`` bound ``created_at`` as a half-open window [after_ts, before_ts)
+        (unix seconds or aware datetimes). ``after_id`` is the ``last_id`` of the previous page; an
+        id of another organization is as unknown as a made-up one (400, param ``after``).
+        """
+        if not 1 <= limit <= MAX_PAGE:
+            raise ApiError(400, f"limit must be between 1 and {MAX_PAGE}", param="limit")
+        conditions = [usage_events.c.org_id == org_id]
+        if after_ts is not None:
+            conditions.append(usage_events.c.created_at >= _as_datetime(after_ts))
+        if before_ts is not None:
+            conditions.append(usage_events.c.created_at < _as_datetime(before_ts))
+        if model is not None:
+            conditions.append(usage_events.c.model == model)
+        async with self._db.engine.connect() as conn:
+            if after_id is not None:
+                cursor = (
+                    await conn.execute(
+                        select(usage_events.c.id).where(
+                            usage_events.c.org_id == org_id,
+                            usage_events.c.generation_id == after_id,
+                        )
+                    )
+                ).scalar()
+                if cursor is None:
+                    raise ApiError(400, f"unknown cursor {after_id!r}", param="after")
+                conditions.append(usage_events.c.id > cursor)
+            query = (
+                select(usage_events)
+                .where(and_(*conditions))
+                .order_by(usage_events.c.id)
+                .limit(limit + 1)
+            )
+            rows = (await conn.execute(query)).all()
+        return UsagePage(data=[_event(row) for row in rows[:limit]], has_more=len(rows) > limit)
+
+    async def totals(
+        self,
+        org_id: int,
+        *,
+        after_ts: float | int | datetime | None = None,
+        before_ts: float | int | datetime | None = None,
+    ) -> UsageTotals:
+        """Sums over the organization's ledger (for a console or a reconciliation check)."""
+        conditions = [usage_events.c.org_id == org_id]
+        if after_ts is not None:
+            conditions.append(usage_events.c.created_at >= _as_datetime(after_ts))
+        if before_ts is not None:
+            conditions.append(usage_events.c.created_at < _as_datetime(before_ts))
+        zero = 0
+        query = select(
+            func.count(),
+            func.coalesce(func.sum(usage_events.c.input_tokens), zero),
+            func.coalesce(func.sum(usage_events.c.cached_tokens), zero),
+            func.coalesce(func.sum(usage_events.c.output_tokens), zero),
+            func.coalesce(func.sum(usage_events.c.cost_nanousd), zero),
+        ).where(and_(*conditions))
+        async with self._db.engine.connect() as conn:
+            count, inp, cached, out, cost = (await conn.execute(query)).one()
+        return UsageTotals(int(count), int(inp), int(cached), int(out), nanos_to_usd(int(cost)))
+

@@ -1,0 +1,74 @@
+"""The Starlette application: routes, error handling and the worker pool's lifetime."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .errors import ApiError
+from .routes.health import health
+from .routes.models import get_model, list_models
+from .routes.responses import create_response
+from .settings import Settings
+from .workers import WorkerPool
+
+
+def _api_routes() -> list[tuple[str, object, list[str]]]:
+    return [
+        ("/responses", create_response, ["POST"]),
+        ("/models", list_models, ["GET"]),
+        ("/models/{model:path}", get_model, ["GET"]),
+    ]
+
+
+def _routes() -> list[Route]:
+    routes = [Route("/health", health, methods=["GET"])]
+    for path, endpoint, methods in _api_routes():
+        # Mounted with and without /v1, as the OpenAI SDKs accept either base URL.
+        routes.append(Route("/v1" + path, endpoint, methods=methods))
+        routes.append(Route(path, endpoint, methods=methods))
+    return routes
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return ApiError(exc.status_code, str(exc.detail), code=code).response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return JSONResponse(ApiError(500, "The server had an error while processing the request.").body(), status_code=500)
+
+
+def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlette:
+    pool = pool or WorkerPool(settings.workers_bind, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    app = Starlette(
+        routes=_routes(),
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+    )
+    app.state.settings = settings
+    app.state.pool = pool
+    app.state.started_at = int(time.time())
+    return app

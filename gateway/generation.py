@@ -1,0 +1,114 @@
+"""Drive one response through a worker and turn its messages into Responses stream events."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kiln.protocol import Done, Event, Failed, Generate
+
+from .errors import ApiError
+from .response_object import ResponseObject
+from .workers import Channel, NoWorker, WorkerPool
+
+
+class GenerationFailed(Exception):
+    """The worker could not produce the response; carries what a client should see."""
+
+    def __init__(self, http_status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+        self.param = param
+
+    def api_error(self) -> ApiError:
+        return ApiError(self.http_status, self.message, code=self.code, param=self.param)
+
+
+class Generation:
+    """A create call in flight: one request on one worker.
+
+    ``events()`` yields every stream event of the response (without sequence numbers) and keeps
+    ``response`` up to date, so the streaming route, the non-streaming route and background jobs
+    all consume the same sequence.
+    """
+
+    def __init__(self, pool: WorkerPool, response: ResponseObject, body: dict[str, Any], model: str) -> None:
+        self.pool = pool
+        self.response = response
+        self.body = body
+        self.model = model
+        self.channel: Channel | None = None
+        self.cancelled = False
+
+    async def open(self) -> None:
+        """Send the request to a worker; raises ApiError(503) when none can take it."""
+        cache_key = self.body.get("prompt_cache_key")
+        try:
+            worker = self.pool.pick(self.model, cache_key)
+        except NoWorker:
+            raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
+        req_id = uuid.uuid4().hex
+        message = Generate(req_id=req_id, response_id=self.response.id, body=self.body)
+        self.channel = await self.pool.open(worker, req_id, message)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.pool.close(self.channel, cancel=True)
+
+    def cancel(self) -> None:
+        """Stop generating; the event sequence ends with the response cancelled."""
+        self.cancelled = True
+        if self.channel is not None:
+            self.pool.close(self.channel, cancel=True)
+            self.channel.queue.put_nowait(None)
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        assert self.channel is not None, "open() first"
+        try:
+            while True:
+                message = await self.channel.get()
+                if message is None or self.cancelled:
+                    self.response.cancel()
+                    return
+                if isinstance(message, Event):
+                    self.response.apply(message.event)
+                    yield message.event
+                elif isinstance(message, Done):
+                    self.response.finish(message.status, _complete_usage(message.usage), message.incomplete_details)
+                    return
+                elif isinstance(message, Failed):
+                    self.response.fail(message.code, message.message)
+                    raise GenerationFailed(message.http_status, message.code, message.message, message.param)
+        finally:
+            self.pool.close(self.channel, cancel=not self.channel.finished)
+
+
+def _complete_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Usage with every field the Responses schema requires."""
+    inp = int(usage.get("input_tokens", 0))
+    out = int(usage.get("output_tokens", 0))
+    details = usage.get("input_tokens_details") or {}
+    out_details = usage.get("output_tokens_details") or {}
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {
+            "cached_tokens": int(details.get("cached_tokens", 0)),
+            "cache_write_tokens": int(details.get("cache_write_tokens", 0)),
+        },
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": int(out_details.get("reasoning_tokens", 0))},
+        "total_tokens": inp + out,
+    }
+
+
+def terminal_event(response: ResponseObject) -> dict[str, Any]:
+    kind = {
+        "completed": "response.completed",
+        "incomplete": "response.incomplete",
+        "failed": "response.failed",
+        "cancelled": "response.failed",
+    }[response.status]
+    return {"type": kind, "response": response.snapshot()}

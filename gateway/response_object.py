@@ -1,0 +1,109 @@
+"""The Response object of one request, built up from the worker's events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+# Fields echoed from the request into every Response object, with their defaults.
+_ECHOED = {
+    "instructions": None,
+    "max_output_tokens": None,
+    "metadata": None,
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "prompt_cache_key": None,
+    "reasoning": None,
+    "temperature": 1.0,
+    "tool_choice": "auto",
+    "tools": [],
+    "top_logprobs": None,
+    "top_p": 1.0,
+    "truncation": "disabled",
+}
+
+
+def new_response_id() -> str:
+    return "resp_" + uuid.uuid4().hex
+
+
+def zero_usage() -> dict[str, Any]:
+    return {
+        "input_tokens": 0,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 0,
+    }
+
+
+class ResponseObject:
+    """Holds the evolving Response for one create call.
+
+    Output items are taken from ``response.output_item.done`` events, so the final object carries
+    exactly the items a streaming client saw completed, with the same ids and order.
+    """
+
+    def __init__(self, response_id: str, body: dict[str, Any], model: str) -> None:
+        self.data: dict[str, Any] = {
+            "id": response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "background": bool(body.get("background")),
+            "error": None,
+            "incomplete_details": None,
+            "model": model,
+            "output": [],
+            "usage": None,
+            "store": bool(body.get("store", True)),
+            "text": body.get("text") or {"format": {"type": "text"}},
+        }
+        for key, default in _ECHOED.items():
+            value = body.get(key)
+            self.data[key] = default if value is None else value
+        if body.get("conversation") is not None:
+            conv = body["conversation"]
+            self.data["conversation"] = {"id": conv} if isinstance(conv, str) else {"id": conv.get("id")}
+        if not self.data["background"]:
+            del self.data["background"]
+        self._items: dict[int, dict[str, Any]] = {}
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    @property
+    def status(self) -> str:
+        return self.data["status"]
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy safe to serialize while generation goes on."""
+        snap = dict(self.data)
+        snap["output"] = list(self.data["output"])
+        if snap.get("usage") is None:
+            del snap["usage"]
+        return snap
+
+    def apply(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "response.output_item.done":
+            self._items[event["output_index"]] = event["item"]
+            self.data["output"] = [self._items[i] for i in sorted(self._items)]
+
+    def finish(self, status: str, usage: dict[str, Any], incomplete: dict | None = None) -> None:
+        self.data["status"] = status
+        self.data["usage"] = usage
+        self.data["incomplete_details"] = incomplete
+        self.data["completed_at"] = int(time.time()) if status == "completed" else None
+
+    def fail(self, code: str, message: str) -> None:
+        self.data["status"] = "failed"
+        self.data["error"] = {"code": code, "message": message}
+        if self.data.get("usage") is None:
+            self.data["usage"] = zero_usage()
+
+    def cancel(self) -> None:
+        self.data["status"] = "cancelled"
+        if self.data.get("usage") is None:
+            self.data["usage"] = zero_usage()

@@ -1,0 +1,191 @@
+"""Create-time checks for structured output: ``text.format`` and JSON schemas.
+
+A schema the worker cannot enforce must be refused when the request arrives, with a 400 that
+names the problem, not discovered mid-generation on a worker. So the gateway runs here the same
+grammar compiler the worker uses (llguidance), but only its tokenizer-free half: turning the
+schema into a grammar and validating that grammar. That half does not need mlx, so the gateway
+stays free of it.
+
+Bounds: a schema larger than ``MAX_SCHEMA_BYTES`` serialized is refused before any parsing
+work, and grammar validation runs under llguidance's fuel limits and a wall-clock bound, so a
+hostile schema cannot stall the request path.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+from typing import Any, Iterator
+
+import jsonschema
+import llguidance
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+from kiln.gateway.errors import ApiError, invalid
+
+MAX_SCHEMA_BYTES = 256 * 1024
+COMPILE_TIMEOUT_S = 2.0
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ROOT_URI = "urn:kiln:schema"
+
+# The options kiln.worker.structured compiles with (kept equal by hand: the gateway and the
+# worker share only kiln.protocol). They shape the grammar more than which schemas pass.
+JSON_COMPILE_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+
+# Keywords whose values are data, not subschemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "x-guidance"})
+
+# Grammar validation releases the GIL; a small pool lets us bound its wall time.
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="schema-check")
+
+
+def check_text_format(fmt: dict | None, *, param: str = "text.format") -> None:
+    """Refuse a ``text.format`` the worker could not enforce; ``None`` and text pass.
+
+    Accepted shapes: ``{"type": "text"}``, ``{"type": "json_object"}`` and
+    ``{"type": "json_schema", "name", "schema", "strict"?, "description"?}``.
+    """
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise invalid(f"'{param}' must be an object, got {_kind(fmt)}.", param=param)
+    kind = fmt.get("type")
+    if kind in ("text", "json_object"):
+        return
+    if kind != "json_schema":
+        raise invalid(
+            f"'{param}.type' must be one of 'text', 'json_object', 'json_schema'; got {kind!r}.",
+            param=f"{param}.type",
+        )
+    name = fmt.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise invalid(
+            f"'{param}.name' is required: 1-64 characters of a-z, A-Z, 0-9, '_' or '-'.",
+            param=f"{param}.name",
+        )
+    if "strict" in fmt and fmt["strict"] is not None and not isinstance(fmt["strict"], bool):
+        raise invalid(f"'{param}.strict' must be a boolean.", param=f"{param}.strict")
+    if "description" in fmt and fmt["description"] is not None and not isinstance(fmt["description"], str):
+        raise invalid(f"'{param}.description' must be a string.", param=f"{param}.description")
+    if "schema" not in fmt:
+        raise invalid(f"'{param}.schema' is required for type 'json_schema'.", param=f"{param}.schema")
+    check_json_schema(fmt["schema"], param=f"{param}.schema")
+
+
+def check_json_schema(schema: Any, *, param: str) -> None:
+    """Refuse a JSON schema that is malformed, too big, has a dangling ``$ref`` or cannot compile.
+
+    Reused for function-tool ``parameters``, which the worker also enforces with a grammar
+    when a tool call is forced.
+    """
+    if not isinstance(schema, dict):
+        raise invalid(f"'{param}' must be a JSON schema object, got {_kind(schema)}.", param=param)
+    try:
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise invalid(f"'{param}' is not serializable JSON: {exc}.", param=param) from None
+    size = len(text.encode("utf-8"))
+    if size > MAX_SCHEMA_BYTES:
+        raise invalid(
+            f"'{param}' is {size} bytes serialized; the limit is {MAX_SCHEMA_BYTES} bytes.",
+            param=param,
+        )
+    _check_metaschema(schema, param)
+    _check_refs(schema, param)
+    _check_compiles(text, param)
+
+
+def _check_metaschema(schema: dict, param: str) -> None:
+    """Validate against the Draft 2020-12 metaschema; name the failing keyword's location."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        at = f" at '{where}'" if where else ""
+        raise invalid(f"'{param}' is not a valid JSON Schema (Draft 2020-12){at}: {exc.message}", param=param) from None
+
+
+def _check_refs(schema: dict, param: str) -> None:
+    """Every ``$ref`` must resolve inside the schema; we never fetch remote documents."""
+    registry: Registry = Registry().with_resource(
+        _ROOT_URI, Resource.from_contents(schema, default_specification=DRAFT202012)
+    )
+    root = registry.resolver(base_uri=_ROOT_URI)
+    for ref, resolver in _refs(schema, root):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise invalid(f"'{param}' has a $ref that cannot be resolved: {ref!r}.", param=param) from None
+
+
+def _refs(node: Any, resolver: Any) -> Iterator[tuple[str, Any]]:
+    """Yield each ``$ref`` with the resolver scoped to its enclosing ``$id``."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _refs(item, resolver)
+        return
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("$id"), str):
+        resolver = resolver.in_subresource(Resource.from_contents(node, default_specification=DRAFT202012))
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        yield ref, resolver
+    for key, value in node.items():
+        if key not in _DATA_KEYWORDS:
+            yield from _refs(value, resolver)
+
+
+def _check_compiles(schema_text: str, param: str) -> None:
+    """Run llguidance's tokenizer-free grammar validation under fuel and time bounds."""
+    future = _POOL.submit(_validate_grammar, schema_text)
+    try:
+        error = future.result(timeout=COMPILE_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        raise invalid(
+            f"'{param}' is too complex: compiling it took longer than {COMPILE_TIMEOUT_S:g}s.", param=param
+        ) from None
+    if error:
+        raise invalid(f"'{param}' cannot be enforced: {error}", param=param)
+
+
+def _validate_grammar(schema_text: str) -> str:
+    """Return llguidance's error message for the schema, or '' if it compiles."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_COMPILE_OPTIONS)
+    except ValueError as exc:
+        return str(exc)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=grammar_limits())
+    return _clean(messages[0]) if is_error and messages else ""
+
+
+def grammar_limits() -> llguidance.LLParserLimits:
+    """Fuel limits for validation: they bound compile work where wall time alone cannot."""
+    return llguidance.LLParserLimits(
+        initial_lexer_fuel=1_000_000,
+        step_lexer_fuel=200_000,
+        max_grammar_size=200_000,
+        verbose_errors=False,
+    )
+
+
+def _clean(message: str) -> str:
+    """llguidance messages can be long multi-line traces; keep the client-useful head."""
+    message = message.strip()
+    return message if len(message) <= 500 else message[:497] + "..."
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+__all__ = ["check_text_format", "check_json_schema", "grammar_limits", "MAX_SCHEMA_BYTES"]

@@ -1,0 +1,31 @@
+"""Gateway settings: one dataclass, filled by the CLI from flags and environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers_bind: str = "tcp://127.0.0.1:5555"
+    max_body_bytes: int = 32 << 20
+    heartbeat_timeout_s: float = 5.0
+    # What to do with hosted built-in tool types (web_search, ...): "reject" answers 400 as the
+    # spec says; "drop" removes them so clients that always send them (Codex) still work.
+    hosted_tools: str = "reject"
+    # The response store (spec: Storage Flags). store_mode "none" is the hosted contract's
+    # store-less gateway; "memory" is the local default.
+    store_mode: str = "memory"
+    responses_store_max_entries: int = 1024
+    responses_store_max_bytes: int = 268435456
+    responses_store_ttl_secs: int = 3600
+    responses_background_max_jobs: int = 64
+    responses_background_ephemeral_ttl_secs: int = 600
+    conversation_store_max_entries: int = 256
+    conversation_store_max_bytes: int = 67108864
+    conversation_store_ttl_secs: int = 3600
+    # Server key that seals reasoning and compaction content handed to clients.
+    secret_key: str | None = None
+    extra: dict = field(default_factory=dict)

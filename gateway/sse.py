@@ -1,0 +1,27 @@
+"""Server-sent event framing with monotonic sequence numbers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class EventSequencer:
+    """Numbers the events of one stream and frames them as ``event:`` + ``data:`` lines.
+
+    The SSE ``event:`` name always equals the payload's ``type``, and ``sequence_number`` rises
+    by one per event, which is what OpenAI's SDKs and Codex rely on.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def stamp(self, event: dict[str, Any]) -> dict[str, Any]:
+        event = {**event, "sequence_number": self._next}
+        self._next += 1
+        return event
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        event = self.stamp(event)
+        data = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+        return f"event: {event['type']}\ndata: {data}\n\n".encode()

@@ -1,0 +1,38 @@
+"""msgpack encoding of protocol messages."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+
+from .messages import MESSAGE_TYPES
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a message this version knows."""
+
+
+def encode(message: Any) -> bytes:
+    payload = dataclasses.asdict(message)
+    payload["t"] = type(message).__name__
+    return msgpack.packb(payload, use_bin_type=True)
+
+
+def decode(frame: bytes) -> Any:
+    try:
+        payload = msgpack.unpackb(frame, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable frame: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ProtocolError("frame is not a map")
+    cls = MESSAGE_TYPES.get(payload.pop("t", None))
+    if cls is None:
+        raise ProtocolError("unknown message type")
+    # Fields a newer peer added are dropped, so additions stay compatible within a version.
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in payload.items() if k in names})
+    except TypeError as exc:
+        raise ProtocolError(f"bad {cls.__name__}: {exc}") from exc

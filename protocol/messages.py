@@ -1,0 +1,134 @@
+"""The messages the gateway and the workers exchange.
+
+One dataclass per message. Every frame on the wire is a msgpack map whose ``"t"`` key names the
+message; the remaining keys are the dataclass fields. Workers connect to the gateway (gateway binds
+ROUTER, workers connect DEALER) and open with ``Register``; the gateway answers ``Registered`` and
+refuses a worker whose ``version`` differs from ``PROTOCOL_VERSION``.
+
+Direction of each message:
+
+    worker -> gateway   Register, Heartbeat, Event, Done, Failed, TokenCount
+    gateway -> worker   Registered, Generate, CountTokens, Cancel
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class Register:
+    """A worker announces the model it serves and how much work it takes."""
+
+    worker_id: str
+    model: str
+    aliases: list[str]
+    context_window: int
+    capacity: int  # requests decoded at once (max batch)
+    queue_depth: int  # requests that may wait behind those
+    version: int = PROTOCOL_VERSION
+    pid: int = 0
+    features: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Registered:
+    ok: bool
+    error: str | None = None
+
+
+@dataclass
+class Heartbeat:
+    """Sent every heartbeat interval; silence for a few intervals means the worker is gone."""
+
+    worker_id: str
+    active: int = 0
+    queued: int = 0
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Generate:
+    """Generate one response.
+
+    ``body`` is the create request as the worker needs it: history from ``previous_response_id``
+    and ``conversation`` already expanded into ``body["input"]`` (a list of items), the resolved
+    model id in ``body["model"]``.
+    """
+
+    req_id: str
+    response_id: str
+    body: dict[str, Any]
+
+
+@dataclass
+class CountTokens:
+    """Render ``body`` exactly as Generate would, and count its tokens."""
+
+    req_id: str
+    body: dict[str, Any]
+
+
+@dataclass
+class Cancel:
+    req_id: str
+
+
+@dataclass
+class Event:
+    """One Responses stream event for ``req_id``, without ``sequence_number``.
+
+    The worker owns everything that needs tokens, so it emits the output-item events
+    (``response.output_item.added``, ``response.output_text.delta``, ...) with item ids it
+    chose. The gateway adds the envelope events, sequence numbers and the Response object.
+    """
+
+    req_id: str
+    event: dict[str, Any]
+
+
+@dataclass
+class Done:
+    """The request finished; ``status`` is ``completed`` or ``incomplete``."""
+
+    req_id: str
+    status: str
+    usage: dict[str, Any]
+    incomplete_details: dict[str, Any] | None = None
+
+
+@dataclass
+class Failed:
+    """The request could not be served. ``http_status`` is what a non-streaming client sees."""
+
+    req_id: str
+    http_status: int
+    code: str
+    message: str
+    param: str | None = None
+
+
+@dataclass
+class TokenCount:
+    req_id: str
+    input_tokens: int
+
+
+MESSAGE_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        Register,
+        Registered,
+        Heartbeat,
+        Generate,
+        CountTokens,
+        Cancel,
+        Event,
+        Done,
+        Failed,
+        TokenCount,
+    )
+}

@@ -1,0 +1,96 @@
+"""Assertions that what Kiln sends matches the official OpenAI Responses schema.
+
+Every test that looks at a Response object, a stream event or an error body goes through these
+helpers, so conformance is checked everywhere rather than in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import best_match
+
+SCHEMA_PATH = Path(__file__).with_name("openai-responses.schema.json")
+EXTRA_ERROR_CODES = ["context_length_exceeded", "server_is_overloaded", "server_overloaded"]
+
+
+@lru_cache(maxsize=1)
+def _bundle() -> dict:
+    bundle = json.loads(SCHEMA_PATH.read_text())
+    codes = bundle["$defs"]["ResponseErrorCode"]["enum"]
+    codes.extend(c for c in EXTRA_ERROR_CODES if c not in codes)
+    return bundle
+
+
+@lru_cache(maxsize=None)
+def _validator(ref: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({**_bundle(), "$ref": f"#/$defs/{ref}"})
+
+
+def _check(ref: str, obj: Any) -> None:
+    error = best_match(_validator(ref).iter_errors(obj))
+    if error is not None:
+        path = "/".join(str(p) for p in error.absolute_path)
+        raise AssertionError(f"{ref} does not conform at '{path}': {error.message}\n{json.dumps(obj)[:2000]}")
+
+
+def assert_response(obj: dict, *, terminal: bool = True) -> None:
+    """A Response object; before it is terminal ``usage`` may be null or absent."""
+    assert obj.get("object") == "response", obj
+    if not terminal and obj.get("usage") is None:
+        obj = {k: v for k, v in obj.items() if k != "usage"}
+    _check("Response", obj)
+
+
+def assert_event(event: dict) -> None:
+    kind = event.get("type", "")
+    if kind.startswith("mlx."):  # Kiln's documented extension events (compaction)
+        assert isinstance(event.get("sequence_number"), int)
+        return
+    if "response" in event and event["response"].get("usage") is None:
+        event = copy.deepcopy(event)
+        event["response"].pop("usage", None)
+    _check("ResponseStreamEvent", event)
+
+
+def assert_error(body: dict) -> None:
+    _check("ErrorResponse", body)
+    assert set(body["error"]) >= {"message", "type", "param", "code"}, body
+
+
+def assert_stream(events: list[dict], names: list[str] | None = None) -> None:
+    """A whole stream: each event valid, sequence numbers rising by one, SSE names matching
+    types, item events only between their item's added and done."""
+    assert events, "empty stream"
+    if names is not None:
+        assert names == [e["type"] for e in events], "SSE event names differ from data types"
+    for i, event in enumerate(events):
+        assert_event(event)
+        assert event["sequence_number"] == events[0]["sequence_number"] + i, "sequence_number not monotonic"
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed")
+    open_items: dict[int, str] = {}
+    done_items: set[int] = set()
+    for event in events:
+        kind = event["type"]
+        if kind == "response.output_item.added":
+            assert event["output_index"] not in open_items and event["output_index"] not in done_items
+            open_items[event["output_index"]] = event["item"].get("id")
+        elif kind == "response.output_item.done":
+            assert event["output_index"] in open_items, "done without added"
+            done_items.add(event["output_index"])
+            del open_items[event["output_index"]]
+        elif "output_index" in event:
+            assert event["output_index"] in open_items, f"{kind} outside its item"
+            if "item_id" in event:
+                assert event["item_id"] == open_items[event["output_index"]]
+    final = events[-1]["response"]
+    if final["status"] in ("completed", "incomplete"):
+        assert not open_items, "items left open"
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert [i.get("id") for i in final["output"]] == [i.get("id") for i in done]

@@ -1,0 +1,80 @@
+"""The engine's vocabulary: what a caller hands the scheduler and what it gets back.
+
+Kept free of scheduling logic so the worker server (and tests) can build requests and
+read steps without importing the model-owning machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+
+# mlx-lm's logits processor signature: (all tokens so far incl. the prompt, logits (1, vocab))
+# -> new logits. Structured output plugs in here.
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings; every request in a batch may differ."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 256
+    top_logprobs: int = 0  # 0..20: report this many alternatives per step
+    logprobs: bool = False  # report the chosen token's logprob
+    seed: int | None = None
+
+    def validate(self) -> None:
+        """Reject settings the sampler cannot honour, before the request is queued."""
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Step:
+    """One generated token (or the terminal event) of one request.
+
+    finish_reason: None while running; "stop" (token is a stop token: not to be shown),
+    "length", "cancelled", "error".
+    """
+
+    token: int | None  # None only on a terminal cancelled/error step
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+    finish_reason: str | None
+    error: str | None = None
+
+
+@dataclass
+class EngineRequest:
+    """A tokenized prompt plus how to decode it and where to send the tokens."""
+
+    prompt: list[int]
+    params: SamplingParams
+    stop_tokens: frozenset[int]
+    # Called on the scheduler thread for every step; must not block; the last call has
+    # finish_reason set.
+    on_step: Callable[[Step], None]
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    cache_key: str | None = None  # prompt_cache_key hint
+    # Set by the engine before the first on_step: prompt tokens served from the prefix cache.
+    cached_tokens: int = 0
+
+
+class QueueFull(Exception):
+    """Raised by Scheduler.submit when queue_depth requests are already waiting."""

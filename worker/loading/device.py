@@ -1,0 +1,103 @@
+"""Choose the in-memory weight format for the device the worker runs on.
+
+On Metal and CUDA mlx's quantized matmuls are fast and save memory, so the
+weights stay as stored ("native"). On the CPU they are several times slower
+than a dense BLAS matmul, so by default we dequantize to a dense dtype there.
+Measured on the x86-64 dev machines with OpenBLAS preloaded (SmolLM2-135M,
+single stream): float32 beats float16/bfloat16 (no native half-precision
+GEMM on those CPUs: mlx converts), hence float32 is the CPU default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+WeightsChoice = Literal["auto", "native", "float32", "float16", "bfloat16"]
+WEIGHTS_CHOICES: tuple[str, ...] = ("auto", "native", "float32", "float16", "bfloat16")
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+# What "auto" means on the CPU; see the module docstring for why.
+CPU_AUTO_DTYPE = "float32"
+
+
+def on_cpu() -> bool:
+    """True when mlx computes on the CPU (no Metal/CUDA device selected)."""
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def resolve_weights(choice: str) -> str:
+    """Turn the user's choice into "native" or a dtype name for this device."""
+    if choice not in WEIGHTS_CHOICES:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS_CHOICES)}; got {choice!r}")
+    if choice == "auto":
+        return CPU_AUTO_DTYPE if on_cpu() else "native"
+    return choice
+
+
+def dequantize_modules(model: nn.Module, dtype: mx.Dtype) -> int:
+    """Replace QuantizedLinear/QuantizedEmbedding by dense layers in `dtype`.
+
+    Returns the number of modules replaced. Biases of linear layers and all
+    other parameters (norms) are cast to `dtype` too, so the model computes in
+    one precision.
+    """
+    replaced: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            dense = _dequantized(module).astype(dtype)
+            has_bias = "bias" in module
+            layer = nn.Linear(dense.shape[1], dense.shape[0], bias=has_bias)
+            layer.weight = dense
+            if has_bias:
+                layer.bias = module.bias.astype(dtype)
+        elif isinstance(module, nn.QuantizedEmbedding):
+            dense = _dequantized(module).astype(dtype)
+            layer = nn.Embedding(dense.shape[0], dense.shape[1])
+            layer.weight = dense
+        else:
+            continue
+        replaced.append((name, layer))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    cast_floating(model, dtype)
+    return len(replaced)
+
+
+def cast_floating(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast every floating-point parameter to `dtype` (packed ints stay as they are)."""
+    params = tree_flatten(model.parameters())
+    model.update(
+        tree_unflatten(
+            [(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in params]
+        )
+    )
+
+
+def _dequantized(module: nn.Module) -> mx.array:
+    return mx.dequantize(
+        module.weight,
+        module.scales,
+        module.biases,
+        group_size=module.group_size,
+        bits=module.bits,
+        mode=module.mode,
+    )
+
+
+def prepare_weights(model: nn.Module, choice: str = "auto") -> str:
+    """Apply the weight format `choice` to `model` in place; return what was applied.
+
+    "native" keeps the stored layout (quantized stays quantized). A dtype
+    dequantizes quantized layers and casts the rest. The float dtypes also
+    apply to an unquantized model (e.g. bfloat16 folder weights -> float32).
+    """
+    resolved = resolve_weights(choice)
+    if resolved != "native":
+        dequantize_modules(model, _DTYPES[resolved])
+        mx.eval(model.parameters())
+    return resolved

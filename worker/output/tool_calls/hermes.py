@@ -1,0 +1,95 @@
+"""Hermes / Qwen JSON tool calls: ``<tool_call>{"name": .., "arguments": {..}}</tool_call>``.
+
+The format of Qwen2.5/Qwen3, Hermes and the fallback for templates without
+tool support (the tool prompt teaches this syntax). Several calls may follow
+each other, and a block may hold more than one object. A block whose content
+is not a valid call is returned as text; one cut off at the end too.
+"""
+
+from __future__ import annotations
+
+from ._json_stream import JsonCallReader
+from ._stream import StreamingParser
+from ._text import held_suffix_len
+from .base import FinalParse, ParserEvent, Tools
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+
+
+class HermesParser(StreamingParser):
+    """Streams Hermes-style JSON calls; the arguments go out as generated."""
+
+    def __init__(self, tools: Tools | None = None) -> None:
+        super().__init__(tools)
+        self._buf = ""
+        self._in_block = False
+        self._block_raw = ""
+        self._block_ok = 0
+        self._reader: JsonCallReader | None = None
+
+    def feed(self, text: str) -> list[ParserEvent]:
+        if self._finished is not None:
+            raise RuntimeError("feed() after finish()")
+        self._buf += text
+        return self._run(final=False)
+
+    def finish(self) -> FinalParse:
+        if self._finished is None:
+            self._run(final=True)
+            if self._in_block:
+                if self._reader is not None:
+                    ok, _ = self._settle_reader(self._reader)
+                    self._block_ok += ok
+                self._block_raw += self._buf
+                self._buf = ""
+                self._close_block()
+            self._finished = self._final()
+        return self._finished
+
+    def _run(self, final: bool) -> list[ParserEvent]:
+        events: list[ParserEvent] = []
+        while True:
+            if not self._in_block:
+                pos = self._buf.find(OPEN)
+                if pos == -1:
+                    cut = len(self._buf) - (0 if final else held_suffix_len(self._buf, (OPEN,)))
+                    events += self._text(self._buf[:cut])
+                    self._buf = self._buf[cut:]
+                    return events
+                events += self._text(self._buf[:pos])
+                self._buf = self._buf[pos + len(OPEN) :]
+                self._in_block, self._block_raw, self._block_ok = True, OPEN, 0
+                continue
+            if self._reader is not None:
+                chunk, self._buf = self._buf, ""
+                reader_events, leftover = self._reader.feed(chunk)
+                self._block_raw += chunk[: len(chunk) - len(leftover)]
+                events += self._reader_events(reader_events)
+                if not self._reader.ended:
+                    return events
+                ok, settled = self._settle_reader(self._reader)
+                events += settled
+                self._block_ok += ok
+                self._reader, self._buf = None, leftover
+                continue
+            # Inside a block, between call objects.
+            stripped = self._buf.lstrip()
+            if stripped.startswith("{"):
+                self._block_raw += self._buf[: len(self._buf) - len(stripped)]
+                self._buf = stripped
+                self._reader = JsonCallReader()
+                continue
+            pos = self._buf.find(CLOSE)
+            if pos == -1:
+                return events  # wait for the close tag (or more of the object)
+            self._block_raw += self._buf[: pos + len(CLOSE)]
+            self._buf = self._buf[pos + len(CLOSE) :]
+            events += self._close_block()
+
+    def _close_block(self) -> list[ParserEvent]:
+        """End the block; one that produced no call is the model's text."""
+        self._in_block = False
+        if self._block_ok:
+            return []
+        return self._text(self._block_raw)

@@ -1,0 +1,121 @@
+"""A scripted engine and byte tokenizer, named as such, for protocol tests and overhead benches.
+
+It plays the model's part with no weights: replies are fixed text, one byte a token, after an
+optional delay per token. Faults are injected from the prompt text so that tests can provoke them
+deterministically: ``[[crash]]`` kills the worker process mid-generation, ``[[error]]`` fails the
+request on the scheduler thread. Real-model tests cover the same code paths.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from .engine.types import EngineRequest, QueueFull, Step
+
+EOS = 256
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens; a plain "role: content" chat format."""
+
+    chat_template = None
+    eos_token_ids = frozenset({EOS})
+    vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens: list[int]) -> str:
+        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **_: Any) -> str:
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
+        return text + ("assistant: " if add_generation_prompt else "")
+
+
+class ScriptedScheduler:
+    """Serves requests one token per ``delay_s`` each, ``capacity`` at a time."""
+
+    def __init__(self, reply: str, *, delay_s: float = 0.0, capacity: int = 8, queue_depth: int = 64) -> None:
+        self.reply = list(reply.encode("utf-8"))
+        self.delay_s = delay_s
+        self.capacity = capacity
+        self.queue_depth = queue_depth
+        self._waiting: queue.Queue[tuple[int, EngineRequest]] = queue.Queue()
+        self._active: dict[int, tuple[EngineRequest, int]] = {}
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._next = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="kiln-scripted", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def submit(self, request: EngineRequest) -> int:
+        with self._lock:
+            if self._waiting.qsize() >= self.queue_depth:
+                raise QueueFull()
+            self._next += 1
+            handle = self._next
+        self._waiting.put((handle, request))
+        self._wake.set()
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        with self._lock:
+            self._cancelled.add(handle)
+        self._wake.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {"active": len(self._active), "queued": self._waiting.qsize(), "cache_hits": 0, "cache_lookups": 0, "cached_tokens_total": 0, "cache_bytes": 0}
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            while len(self._active) < self.capacity and not self._waiting.empty():
+                handle, request = self._waiting.get()
+                self._active[handle] = (request, 0)
+            if not self._active:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            for handle, (request, produced) in list(self._active.items()):
+                self._advance(handle, request, produced)
+
+    def _advance(self, handle: int, request: EngineRequest, produced: int) -> None:
+        with self._lock:
+            cancelled = handle in self._cancelled
+            self._cancelled.discard(handle)
+        if cancelled:
+            del self._active[handle]
+            request.on_step(Step(None, None, None, "cancelled"))
+            return
+        prompt_text = bytes(t for t in request.prompt if t < 256)
+        if b"[[crash]]" in prompt_text and produced >= 3:
+            os._exit(17)
+        if b"[[error]]" in prompt_text and produced >= 3:
+            del self._active[handle]
+            request.on_step(Step(None, None, None, "error", error="scripted failure"))
+            return
+        if produced >= len(self.reply):
+            del self._active[handle]
+            request.on_step(Step(EOS, None, None, "stop"))
+            return
+        token = self.reply[produced]
+        produced += 1
+        finish = "length" if produced >= request.params.max_tokens else None
+        if finish:
+            del self._active[handle]
+        else:
+            self._active[handle] = (request, produced)
+        request.on_step(Step(token, -0.5 if request.params.logprobs else None, None, finish))
