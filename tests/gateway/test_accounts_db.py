@@ -42,10 +42,14 @@ async def _postgres_schema() -> str:
     """A fresh schema on the test PostgreSQL, or skip when there is none."""
     schema = "kiln_test_" + secrets.token_hex(6)
     engine = create_engine(POSTGRES_URL)
-    try:
+
+    async def create() -> None:
         async with engine.begin() as conn:
-            await asyncio.wait_for(conn.execute(text(f'CREATE SCHEMA "{schema}"')), 5)
-    except Exception as exc:  # unreachable, no such database, ...
+            await conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+
+    try:
+        await asyncio.wait_for(create(), 5)
+    except Exception as exc:  # unreachable, no such database, timed out, ...
         pytest.skip(f"PostgreSQL unavailable at {POSTGRES_URL}: {exc}")
     finally:
         await engine.dispose()

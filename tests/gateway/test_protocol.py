@@ -1,0 +1,40 @@
+"""The gateway-worker protocol: encoding, and refusal of a worker of another version."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import zmq
+
+from kiln.protocol import PROTOCOL_VERSION, Done, Generate, ProtocolError, Register, Registered, decode, encode
+
+
+def test_round_trip_keeps_every_field():
+    msg = Generate(req_id="r1", response_id="resp_1", body={"input": [{"type": "message", "role": "user", "content": "hé"}]})
+    assert decode(encode(msg)) == msg
+    done = Done("r1", "completed", {"input_tokens": 3}, None)
+    assert decode(encode(done)) == done
+
+
+def test_unknown_fields_from_a_newer_peer_are_ignored():
+    frame = msgpack.packb({"t": "Done", "req_id": "r", "status": "completed", "usage": {}, "new_field": 1})
+    assert decode(frame) == Done("r", "completed", {}, None)
+
+
+@pytest.mark.parametrize("frame", [b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"t": "Nope"}), msgpack.packb({"t": "Done"})])
+def test_bad_frames_raise_protocol_error(frame):
+    with pytest.raises(ProtocolError):
+        decode(frame)
+
+
+def test_gateway_refuses_other_protocol_version(scripted_kiln):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(scripted_kiln.zmq)
+    try:
+        sock.send(encode(Register("w-old", "old-model", [], 2048, 1, 1, version=PROTOCOL_VERSION + 1)))
+        reply = decode(sock.recv())
+        assert isinstance(reply, Registered) and not reply.ok and "version" in reply.error
+    finally:
+        sock.close()

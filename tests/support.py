@@ -1,0 +1,129 @@
+"""Starting real Kiln processes on loopback for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    def start(self) -> "Proc":
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+@dataclass
+class Kiln:
+    """A gateway and its workers, each a separate process so tests can kill one."""
+
+    tmp: Path
+    gateway_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)
+    workers: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.port = free_port()
+        self.zmq = f"tcp://127.0.0.1:{free_port()}"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.procs: list[Proc] = []
+        self.worker_procs: list[Proc] = []
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+        env.update(self.env)
+        env.setdefault("KILN_LOG_LEVEL", "info")
+        return env
+
+    def start(self, timeout: float = 180) -> "Kiln":
+        gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *self.gateway_args], self._env(), self.tmp / "gateway.log")
+        self.gateway = gw.start()
+        self.procs.append(gw)
+        for i in range(self.workers):
+            self.add_worker()
+        self.wait_ready(timeout, self.workers)
+        return self
+
+    def add_worker(self, extra: list[str] | None = None) -> Proc:
+        n = len(self.worker_procs)
+        wk = Proc([sys.executable, "-m", "kiln.worker", "--gateway", self.zmq, *self.worker_args, *(extra or [])], self._env(), self.tmp / f"worker{n}.log")
+        wk.start()
+        self.procs.append(wk)
+        self.worker_procs.append(wk)
+        return wk
+
+    def wait_ready(self, timeout: float, workers: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.process.poll() is not None and p is self.gateway:
+                    raise RuntimeError(f"gateway exited:\n{p.log()}")
+            try:
+                r = httpx.get(self.base_url + "/health", timeout=2)
+                if len(r.json()["workers"]) >= workers:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        logs = "\n".join(p.log() for p in self.procs)
+        raise RuntimeError(f"Kiln did not become ready in {timeout}s:\n{logs}")
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.kill(signal.SIGTERM)
+
+
+def sse_events(response: httpx.Response) -> tuple[list[str], list[dict]]:
+    """(event names, data payloads) of an SSE response."""
+    names, events = [], []
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            names.append(line[len("event: "):])
+        elif line.startswith("data: "):
+            events.append(json.loads(line[len("data: "):]))
+    return names, events
+
+
+def stream(client: httpx.Client, body: dict) -> tuple[list[str], list[dict]]:
+    with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        return sse_events(r)
