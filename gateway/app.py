@@ -10,12 +10,24 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from .accounts.middleware import AccountsMiddleware
+from .accounts.service import Accounts
 from .errors import ApiError
 from .routes.health import health
 from .routes.models import get_model, list_models
-from .routes.responses import create_response
+from .routes.usage import hosted_routes
+from .routes.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    get_response,
+    input_tokens,
+    list_input_items,
+)
+from .responses_service import ResponsesService
 from .settings import Settings
 from .workers import WorkerPool
 
@@ -23,6 +35,11 @@ from .workers import WorkerPool
 def _api_routes() -> list[tuple[str, object, list[str]]]:
     return [
         ("/responses", create_response, ["POST"]),
+        ("/responses/input_tokens", input_tokens, ["POST"]),
+        ("/responses/{response_id}", get_response, ["GET"]),
+        ("/responses/{response_id}", delete_response, ["DELETE"]),
+        ("/responses/{response_id}/cancel", cancel_response, ["POST"]),
+        ("/responses/{response_id}/input_items", list_input_items, ["GET"]),
         ("/models", list_models, ["GET"]),
         ("/models/{model:path}", get_model, ["GET"]),
     ]
@@ -54,21 +71,30 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlette:
     pool = pool or WorkerPool(settings.workers_bind, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+    # Hosted mode (--auth keys): accounts DB, key auth, metering, limits -- see gateway/accounts/.
+    accounts = Accounts.from_settings(settings) if settings.auth == "keys" else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
+        if accounts is not None:
+            await accounts.open()
         try:
             yield
         finally:
+            if accounts is not None:
+                await accounts.close()
             await pool.stop()
 
     app = Starlette(
-        routes=_routes(),
+        routes=(hosted_routes(accounts) if accounts is not None else []) + _routes(),
+        middleware=[Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else [],
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
     )
     app.state.settings = settings
     app.state.pool = pool
+    app.state.accounts = accounts
+    app.state.responses = ResponsesService(settings, pool)
     app.state.started_at = int(time.time())
     return app

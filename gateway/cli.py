@@ -10,10 +10,51 @@ import click
 from kiln.logs import configure
 
 from .settings import Settings
+from .store.options import store_options, store_settings
 
 
 def _env(*names: str) -> list[str]:
     return list(names)
+
+
+def hosted_options(func):
+    """The hosted-mode flags (docs/hosted.md), shared by ``kiln-gateway`` and ``kiln serve``."""
+    for option in reversed([
+        click.option("--auth", type=click.Choice(["none", "keys"]), default="none", show_default=True, envvar="KILN_AUTH", help="keys: API keys per organization, metering, credits and concurrency limits (needs --database-url)."),
+        click.option("--database-url", default=None, envvar="KILN_DATABASE_URL", help="Accounts database: sqlite:///PATH or postgresql://USER@HOST/DB."),
+        click.option("--catalog", "catalog_path", default=None, type=click.Path(exists=True, dir_okay=False), envvar="KILN_CATALOG", help="TOML model catalog with prices; other models get 404 model_not_found. Without it every served model is free."),
+        click.option("--redis-url", default=None, envvar="KILN_REDIS_URL", help="Redis for per-organization concurrency shared by gateway replicas (default: in-process counters)."),
+        click.option("--redis-namespace", default="kiln", show_default=True, envvar="KILN_REDIS_NAMESPACE", help="Key prefix in Redis; replicas of one deployment share it."),
+        click.option("--admin-token", default=None, envvar="KILN_ADMIN_TOKEN", help="Bearer token for /admin/maintenance (off without it)."),
+        click.option("--allow-public-no-auth", is_flag=True, default=False, envvar="KILN_ALLOW_PUBLIC_NO_AUTH", help="Allow --auth none on a non-loopback address."),
+    ]):
+        func = option(func)
+    return func
+
+
+def hosted_settings(host: str, options: dict) -> dict:
+    """Pop the hosted options out of a click options dict, checked, as Settings keyword arguments."""
+    from .accounts.catalog import CatalogError, Catalog
+    from .accounts.db import async_url
+    from .accounts.service import public_bind_refusal
+
+    values = {name: options.pop(name) for name in ("auth", "database_url", "catalog_path", "redis_url", "redis_namespace", "admin_token", "allow_public_no_auth")}
+    refusal = public_bind_refusal(host, values["auth"], values["allow_public_no_auth"])
+    if refusal:
+        raise click.UsageError(refusal)
+    if values["auth"] == "keys":
+        if not values["database_url"]:
+            raise click.UsageError("--auth keys needs --database-url (env KILN_DATABASE_URL)")
+        try:
+            async_url(values["database_url"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--database-url")
+    if values["catalog_path"]:
+        try:
+            Catalog.load(values["catalog_path"])
+        except (CatalogError, OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--catalog")
+    return values
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -24,9 +65,13 @@ def _env(*names: str) -> list[str]:
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float, envvar="KILN_HEARTBEAT_TIMEOUT", help="Seconds of worker silence before its requests are failed.")
 @click.option("--hosted-tools", type=click.Choice(["reject", "drop"]), default="reject", show_default=True, envvar="KILN_HOSTED_TOOLS", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
-def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat_timeout: float, hosted_tools: str, log_level: str) -> None:
+@store_options
+@hosted_options
+def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat_timeout: float, hosted_tools: str, log_level: str, **options) -> None:
     """Serve the OpenAI Responses API and route requests to kiln-worker processes."""
     configure(log_level)
+    stores = store_settings(options)
+    hosted = hosted_settings(host, options)
     settings = Settings(
         host=host,
         port=port,
@@ -34,6 +79,8 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
         max_body_bytes=max_body_bytes,
         heartbeat_timeout_s=heartbeat_timeout,
         hosted_tools=hosted_tools,
+        **stores,
+        **hosted,
     )
     serve(settings)
 

@@ -112,3 +112,24 @@ def terminal_event(response: ResponseObject) -> dict[str, Any]:
         "cancelled": "response.failed",
     }[response.status]
     return {"type": kind, "response": response.snapshot()}
+
+
+async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str) -> int:
+    """Ask a worker how many tokens ``body`` renders to."""
+    from kiln.protocol import CountTokens, TokenCount
+
+    try:
+        worker = pool.pick(model, body.get("prompt_cache_key"))
+    except NoWorker:
+        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
+    req_id = uuid.uuid4().hex
+    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, body=body))
+    try:
+        message = await channel.get()
+    finally:
+        pool.close(channel, cancel=False)
+    if isinstance(message, TokenCount):
+        return message.input_tokens
+    if isinstance(message, Failed):
+        raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
+    raise ApiError(502, "The worker answered a token count with something else.")

@@ -13,4 +13,10 @@ async def health(request: Request) -> Response:
         for w in pool.workers.values()
     ]
     status = 200 if workers else 503
-    return JSONResponse({"status": "ok" if workers else "no_workers", "workers": workers}, status_code=status)
+    service = request.app.state.responses
+    store = service.store
+    stores = {
+        "responses": {"entries": len(store), "bytes": store.bytes, "max_bytes": store.max_bytes} if store is not None else None,
+        "background": {"active": len(service.jobs.active), "active_bytes": service.jobs.active_bytes},
+    }
+    return JSONResponse({"status": "ok" if workers else "no_workers", "workers": workers, "stores": stores}, status_code=status)

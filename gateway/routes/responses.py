@@ -1,37 +1,40 @@
-"""``POST /v1/responses``: create a response, plain or streamed."""
+"""The ``/v1/responses`` endpoints: thin HTTP adapters over ``ResponsesService``."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..body import read_json
-from ..errors import ApiError
-from ..generation import Generation, GenerationFailed, terminal_event
-from ..response_object import ResponseObject, new_response_id
+from ..errors import ApiError, invalid
+from ..generation import Generation, GenerationFailed, count_tokens, terminal_event
+from ..history import expand
+from ..responses_service import ResponsesService
 from ..sse import EventSequencer
 from ..validation import validate_create
 
-log = logging.getLogger("kiln.gateway.responses")
+
+def _service(request: Request) -> ResponsesService:
+    return request.app.state.responses
+
+
+async def _body(request: Request) -> dict:
+    settings = request.app.state.settings
+    return validate_create(await read_json(request, settings.max_body_bytes), hosted_tools=settings.hosted_tools)
 
 
 async def create_response(request: Request) -> Response:
-    state = request.app.state
-    body = validate_create(await read_json(request, state.settings.max_body_bytes), hosted_tools=state.settings.hosted_tools)
-    model = state.pool.resolve(body["model"])
-    if model is None:
-        raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
-    body["model"] = model
-    response = ResponseObject(new_response_id(), body, model)
-    generation = Generation(state.pool, response, body, model)
-    await generation.open()
+    service = _service(request)
+    body = await _body(request)
+    generation, own_input = service.prepare(body)
+    if body["background"]:
+        return JSONResponse(await service.start_background(generation, own_input))
+    await service.start_foreground(generation)
     if body["stream"]:
         return StreamingResponse(
-            _stream(generation),
+            _stream(service, generation, own_input),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -40,19 +43,83 @@ async def create_response(request: Request) -> Response:
             pass
     except GenerationFailed as failure:
         raise failure.api_error()
-    return JSONResponse(response.snapshot())
+    finally:
+        service.finish_foreground(generation, own_input)
+    return JSONResponse(generation.response.snapshot())
 
 
-async def _stream(generation: Generation) -> AsyncIterator[bytes]:
-    """The SSE body. If the client goes away, Starlette cancels this generator and the
-    ``finally`` in ``Generation.events`` tells the worker to stop."""
+async def _stream(service: ResponsesService, generation: Generation, own_input: list[dict]) -> AsyncIterator[bytes]:
+    """The SSE body. If the client goes away Starlette cancels this generator; the ``finally``
+    in ``Generation.events`` then tells the worker to stop."""
     seq = EventSequencer()
     response = generation.response
-    yield seq.frame({"type": "response.created", "response": response.snapshot()})
-    yield seq.frame({"type": "response.in_progress", "response": response.snapshot()})
     try:
-        async for event in generation.events():
-            yield seq.frame(event)
-    except GenerationFailed:
-        pass
-    yield seq.frame(terminal_event(response))
+        yield seq.frame({"type": "response.created", "response": response.snapshot()})
+        yield seq.frame({"type": "response.in_progress", "response": response.snapshot()})
+        try:
+            async for event in generation.events():
+                yield seq.frame(event)
+        except GenerationFailed:
+            pass
+        service.finish_foreground(generation, own_input)
+        yield seq.frame(terminal_event(response))
+    finally:
+        if generation.response.id in service.inflight:
+            service.inflight.pop(generation.response.id, None)
+            generation.close()
+
+
+async def get_response(request: Request) -> Response:
+    return JSONResponse(_service(request).get(request.path_params["response_id"]))
+
+
+async def delete_response(request: Request) -> Response:
+    return JSONResponse(_service(request).delete(request.path_params["response_id"]))
+
+
+async def cancel_response(request: Request) -> Response:
+    return JSONResponse(await _service(request).cancel(request.path_params["response_id"]))
+
+
+async def list_input_items(request: Request) -> Response:
+    items = _service(request).input_items(request.path_params["response_id"])
+    params = request.query_params
+    order = params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("Invalid 'order': expected 'asc' or 'desc'.", param="order")
+    try:
+        limit = int(params.get("limit", "20"))
+    except ValueError:
+        raise invalid("Invalid 'limit': expected an integer.", param="limit")
+    if not 1 <= limit <= 100:
+        raise invalid("Invalid 'limit': expected 1 to 100.", param="limit")
+    ordered = list(reversed(items)) if order == "desc" else list(items)
+    after = params.get("after")
+    if after is not None:
+        ids = [i.get("id") for i in ordered]
+        if after not in ids:
+            raise invalid(f"Invalid 'after': no input item '{after}'.", param="after")
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(ordered) > limit,
+        }
+    )
+
+
+async def input_tokens(request: Request) -> Response:
+    service = _service(request)
+    body = await _body(request)
+    model = service.pool.resolve(body["model"])
+    if model is None:
+        raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+    body["model"] = model
+    history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode)
+    body["input"] = history + body["input"]
+    count = await count_tokens(service.pool, body, model)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": count})

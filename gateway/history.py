@@ -1,0 +1,74 @@
+"""Turning ``previous_response_id`` and ``conversation`` into the history a request renders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ApiError, invalid
+from .store.background import JobRegistry
+from .store.conversations import ConversationStore
+from .store.responses import ResponseStore
+
+TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+def conversation_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    cid = value.get("id")
+    if not isinstance(cid, str):
+        raise invalid("Invalid 'conversation': expected an id string or {\"id\": ...}.", param="conversation")
+    return cid
+
+
+def previous_history(previous_id: str, store: ResponseStore, jobs: JobRegistry) -> list[dict]:
+    """The stored response's input and output, as items to render before the new input.
+
+    Instructions are not carried: each request states its own.
+    """
+    job = jobs.get(previous_id)
+    if job is not None:
+        raise invalid(f"previous response '{previous_id}' has not finished (status: {job.response.status})", param="previous_response_id")
+    stored = store.get(previous_id)
+    if stored is None or not stored.chainable:
+        raise invalid(f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code="previous_response_not_found")
+    status = stored.response.get("status")
+    if status not in TERMINAL:
+        raise invalid(f"previous response '{previous_id}' has not finished (status: {status})", param="previous_response_id")
+    return list(stored.input_items) + [_as_input(item) for item in stored.response.get("output") or []]
+
+
+def _as_input(item: dict) -> dict:
+    """An output item replayed as input (drop fields only outputs carry)."""
+    return {k: v for k, v in item.items() if k not in ("status",)} if item.get("type") != "message" else {
+        "type": "message",
+        "role": item.get("role", "assistant"),
+        "content": item.get("content") or [],
+        "id": item.get("id"),
+    }
+
+
+def expand(body: dict, *, store: ResponseStore | None, jobs: JobRegistry, conversations: ConversationStore, store_mode: str) -> list[dict]:
+    """History items for ``body`` (not including its own input)."""
+    previous = body.get("previous_response_id")
+    conv = conversation_id(body.get("conversation"))
+    if previous is not None and conv is not None:
+        raise invalid("'previous_response_id' and 'conversation' cannot be used together.", param="previous_response_id")
+    if previous is not None:
+        if store_mode == "none":
+            raise ApiError(
+                400,
+                "'previous_response_id' is not supported: responses are not stored on this gateway. Send the full conversation in 'input'.",
+                code="unsupported_parameter",
+                param="previous_response_id",
+            )
+        if store is None or not store.enabled:
+            raise invalid("'previous_response_id' needs the response store, which is disabled on this server.", param="previous_response_id")
+        return previous_history(previous, store, jobs)
+    if conv is not None:
+        if not conversations.enabled:
+            raise invalid("'conversation' needs the conversation store, which is disabled on this server.", param="conversation")
+        return conversations.transcript(conv)
+    return []

@@ -1,0 +1,239 @@
+"""The life of a response: create (foreground or background), store, retrieve, cancel, delete.
+
+Routes stay thin HTTP adapters; this class owns the state that spans requests — the response
+store, conversation transcripts, background jobs and the registry of in-flight responses that
+``cancel`` can reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from .errors import ApiError, invalid
+from .generation import Generation, GenerationFailed
+from .history import TERMINAL, conversation_id, expand
+from .response_object import ResponseObject, new_response_id, zero_usage
+from .settings import Settings
+from .store.background import Job, JobRegistry
+from .store.conversations import ConversationStore
+from .store.lru import approx_bytes
+from .store.responses import ResponseStore, StoredResponse
+from .workers import NoWorker, WorkerPool
+
+log = logging.getLogger("kiln.gateway.responses")
+
+# Failure codes of a background job, as the spec lists them.
+_JOB_CODES = {
+    "server_is_overloaded": "server_overloaded",
+    "context_length_exceeded": "invalid_prompt",
+    "invalid_prompt": "invalid_prompt",
+    "invalid_request_error": "invalid_prompt",
+}
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs", "compaction": "cmp"}
+
+
+def _with_ids(items: list[dict]) -> list[dict]:
+    """Input items as the input_items endpoint lists them: each with an id, message content as
+    a list of parts."""
+    out = []
+    for item in items:
+        if item.get("type") == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item = {**item, "content": [{"type": part, "text": item["content"]}]}
+        if not item.get("id"):
+            item = {**item, "id": f"{_ID_PREFIX.get(item.get('type'), 'item')}_{uuid.uuid4().hex}"}
+        out.append(item)
+    return out
+
+
+class ResponsesService:
+    def __init__(self, settings: Settings, pool: WorkerPool) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.store: ResponseStore | None = None
+        if settings.store_mode != "none":
+            self.store = ResponseStore(
+                settings.responses_store_max_entries,
+                settings.responses_store_max_bytes,
+                settings.responses_store_ttl_secs,
+                settings.responses_background_ephemeral_ttl_secs,
+            )
+        self.conversations = ConversationStore(settings.conversation_store_max_entries, settings.conversation_store_max_bytes, settings.conversation_store_ttl_secs)
+        self.jobs = JobRegistry(settings.responses_background_max_jobs, settings.responses_store_max_bytes)
+        self.inflight: dict[str, Generation] = {}
+
+    # -- create ----------------------------------------------------------------------------------
+    def prepare(self, body: dict) -> tuple[Generation, list[dict]]:
+        """Resolve the model and history; everything that can refuse the request happens here."""
+        model = self.pool.resolve(body["model"])
+        if model is None:
+            raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+        body["model"] = model
+        if body["background"]:
+            self._check_background_allowed()
+        own_input = _with_ids(body["input"])
+        history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode)
+        body["input"] = history + own_input
+        if not body["input"]:
+            raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
+        response = ResponseObject(new_response_id(), body, model)
+        return Generation(self.pool, response, body, model), own_input
+
+    def _check_background_allowed(self) -> None:
+        s = self.settings
+        if self.store is None or not self.store.enabled:
+            raise invalid("'background' needs the response store, which is disabled on this server.", param="background")
+        if s.responses_background_max_jobs == 0 or s.responses_store_max_bytes == 0:
+            raise invalid("Background mode is disabled on this server.", param="background")
+
+    async def start_foreground(self, generation: Generation) -> None:
+        await generation.open()
+        self.inflight[generation.response.id] = generation
+
+    def finish_foreground(self, generation: Generation, own_input: list[dict]) -> None:
+        self.inflight.pop(generation.response.id, None)
+        self._persist(generation.response, generation.body, own_input)
+
+    def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, background: bool = False) -> None:
+        snapshot = response.snapshot()
+        if snapshot.get("usage") is None:
+            snapshot["usage"] = zero_usage()
+        if response.status in ("completed", "incomplete") and snapshot["output"]:
+            conv = conversation_id(body.get("conversation"))
+            if conv is not None:
+                self.conversations.append(conv, own_input + [_strip_status(i) for i in snapshot["output"]])
+        if self.store is None:
+            return
+        ephemeral = background and not body.get("store", True)
+        if not body.get("store", True) and not ephemeral:
+            return
+        stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral)
+        if not self.store.put(stored) and background:
+            # Too large for the budget: keep a failed stub so that a poll still gets an answer.
+            stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
+            self.store.put(StoredResponse(stub, [], ephemeral=ephemeral))
+
+    # -- background ------------------------------------------------------------------------------
+    async def start_background(self, generation: Generation, own_input: list[dict]) -> dict:
+        response = generation.response
+        response.data["status"] = "queued"
+        reserved = approx_bytes(generation.body) + 4 * (generation.body.get("max_output_tokens") or 1024)
+        self.jobs.check(reserved)
+        try:
+            worker = self.pool.pick(generation.model, generation.body.get("prompt_cache_key"))
+        except NoWorker:
+            raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded")
+        if worker.overloaded():
+            raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
+        job = Job(response, generation, generation.body["input"], own_input, reserved)
+        self.jobs.admit(job)
+        job.task = asyncio.create_task(self._run_job(job), name=f"kiln-job-{response.id}")
+        return job_view(response)
+
+    async def _run_job(self, job: Job) -> None:
+        response, generation = job.response, job.generation
+        try:
+            await generation.open()
+            async for _ in generation.events():
+                if response.status == "queued":
+                    response.data["status"] = "in_progress"
+        except GenerationFailed as failure:
+            response.fail(_JOB_CODES.get(failure.code, "server_error"), failure.message)
+        except ApiError as error:
+            response.fail("server_overloaded" if error.status == 503 else "server_error", error.message)
+        except asyncio.CancelledError:
+            generation.cancel()
+            response.cancel()
+        except Exception as exc:  # a job must always end terminal
+            log.exception("background job failed")
+            response.fail("server_error", str(exc))
+        finally:
+            if response.status not in TERMINAL:
+                response.cancel() if generation.cancelled else response.fail("server_error", "generation ended without a result")
+            self.jobs.release(response.id)
+            self._persist(response, generation.body, job.own_input, background=True)
+
+    # -- retrieve / cancel / delete --------------------------------------------------------------
+    def _require_store(self) -> ResponseStore:
+        if self.store is None:
+            raise ApiError(404, "Responses are not stored on this gateway.", code="not_found")
+        if not self.store.enabled:
+            raise invalid("The response store is disabled on this server (--responses-store-max-entries 0).")
+        return self.store
+
+    def get(self, response_id: str) -> dict:
+        store = self._require_store()
+        job = self.jobs.get(response_id)
+        if job is not None:
+            return job_view(job.response)
+        generation = self.inflight.get(response_id)
+        if generation is not None and generation.body.get("store", True):
+            return generation.response.snapshot()
+        stored = store.get(response_id)
+        if stored is None:
+            raise _not_found(response_id)
+        return stored.response
+
+    def input_items(self, response_id: str) -> list[dict]:
+        store = self._require_store()
+        job = self.jobs.get(response_id)
+        if job is not None:
+            return job.input_items
+        stored = store.get(response_id)
+        if stored is None:
+            raise _not_found(response_id)
+        return stored.input_items
+
+    def delete(self, response_id: str) -> dict:
+        store = self._require_store()
+        job = self.jobs.get(response_id)
+        if job is not None:
+            raise invalid(f"Response '{response_id}' is still running (status: {job.response.status}); cancel it first.")
+        if not store.delete(response_id):
+            raise _not_found(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def cancel(self, response_id: str) -> dict:
+        store = self._require_store()
+        job = self.jobs.get(response_id)
+        if job is not None:
+            job.generation.cancel()
+            if job.task is not None:
+                job.task.cancel()
+                try:
+                    await job.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+            stored = store.get(response_id)
+            return stored.response if stored is not None else job_view(job.response)
+        generation = self.inflight.get(response_id)
+        if generation is not None:
+            generation.cancel()
+            generation.response.cancel()
+            return generation.response.snapshot()
+        stored = store.get(response_id)
+        if stored is None:
+            raise _not_found(response_id)
+        if stored.response.get("status") == "cancelled":
+            return stored.response
+        raise invalid(f"Response '{response_id}' has already finished (status: {stored.response.get('status')}); only in-flight responses can be cancelled.")
+
+
+def job_view(response: ResponseObject) -> dict:
+    """A background response as a poll sees it: no partial output until terminal."""
+    snapshot = response.snapshot()
+    if response.status not in TERMINAL:
+        snapshot["output"] = []
+        snapshot["usage"] = zero_usage()
+    return snapshot
+
+
+def _strip_status(item: dict) -> dict:
+    return {k: v for k, v in item.items() if k != "status"}
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response found with id '{response_id}'.", code="not_found", param="response_id")

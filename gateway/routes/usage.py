@@ -1,0 +1,123 @@
+"""The hosted mode's own routes (mounted only with ``--auth keys``).
+
+- ``GET /v1/usage``: the calling organization's usage events, oldest first, paginated
+  (``limit``, ``after``), filtered by ``start_time``/``end_time`` (unix seconds, half-open) and
+  ``model``. The middleware has already authenticated the key (credits not required).
+- ``GET /v1/models`` and ``GET /v1/models/{id}`` when a catalog is loaded: the catalog's models with
+  their prices (USD per million tokens) and whether a worker serves them now.
+- ``GET|POST /admin/maintenance``: the maintenance switch, guarded by ``--admin-token``; while on,
+  every API route answers 503 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..accounts.middleware import PRINCIPAL_SCOPE_KEY
+from ..body import read_json
+from ..errors import ApiError, invalid
+
+
+def _accounts(request: Request):
+    return request.app.state.accounts
+
+
+def _principal(request: Request):
+    principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if principal is None:  # only reachable if the middleware is not installed
+        raise ApiError(401, "Authentication required.", code="invalid_api_key")
+    return principal
+
+
+def _int_param(request: Request, name: str, default: int | None = None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise invalid(f"'{name}' must be an integer, got {raw!r}.", param=name)
+
+
+async def get_usage(request: Request) -> Response:
+    principal = _principal(request)
+    page = await _accounts(request).meter.list_usage(
+        principal.org_id,
+        after_ts=_int_param(request, "start_time"),
+        before_ts=_int_param(request, "end_time"),
+        model=request.query_params.get("model") or None,
+        limit=_int_param(request, "limit", 100),
+        after_id=request.query_params.get("after") or None,
+    )
+    return JSONResponse(page.to_json())
+
+
+def _catalog_model(request: Request, model: str) -> dict:
+    price = _accounts(request).catalog.require(model)
+    pool = request.app.state.pool
+    return {
+        "id": model,
+        "object": "model",
+        "created": request.app.state.started_at,
+        "owned_by": "kiln",
+        "available": pool.resolve(model) is not None,
+        "pricing": {
+            "currency": "USD",
+            "unit": "1M tokens",
+            "input": float(price.input_per_million),
+            "cached_input": float(price.cached_input_per_million),
+            "output": float(price.output_per_million),
+        },
+    }
+
+
+async def list_catalog_models(request: Request) -> Response:
+    models = _accounts(request).catalog.models()
+    return JSONResponse({"object": "list", "data": [_catalog_model(request, m) for m in models]})
+
+
+async def get_catalog_model(request: Request) -> Response:
+    return JSONResponse(_catalog_model(request, request.path_params["model"]))
+
+
+def _require_admin(request: Request) -> None:
+    token = _accounts(request).admin_token
+    if token is None:
+        raise ApiError(404, "Not Found", code="not_found")
+    scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(401, "A valid admin token is required.", code="invalid_api_key")
+
+
+def _maintenance_state(accounts) -> dict:
+    return {"maintenance": accounts.maintenance, "retry_after": accounts.maintenance_retry_after}
+
+
+async def maintenance(request: Request) -> Response:
+    _require_admin(request)
+    accounts = _accounts(request)
+    if request.method == "POST":
+        body = await read_json(request, 1 << 16)
+        if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
+            raise invalid("Expected {\"on\": true|false, \"retry_after\": seconds}.", param="on")
+        retry_after = body.get("retry_after", accounts.maintenance_retry_after)
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
+            raise invalid("'retry_after' must be a positive integer number of seconds.", param="retry_after")
+        accounts.maintenance = body["on"]
+        accounts.maintenance_retry_after = retry_after
+    return JSONResponse(_maintenance_state(accounts))
+
+
+def hosted_routes(accounts) -> list[Route]:
+    """Routes to put in front of the app's own (the first match wins)."""
+    routes = [Route("/admin/maintenance", maintenance, methods=["GET", "POST"])]
+    for prefix in ("/v1", ""):
+        routes.append(Route(prefix + "/usage", get_usage, methods=["GET"]))
+        if accounts.catalog is not None:
+            routes.append(Route(prefix + "/models", list_catalog_models, methods=["GET"]))
+            routes.append(Route(prefix + "/models/{model:path}", get_catalog_model, methods=["GET"]))
+    return routes
