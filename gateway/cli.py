@@ -65,12 +65,16 @@ def hosted_settings(host: str, options: dict) -> dict:
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float, envvar="KILN_HEARTBEAT_TIMEOUT", help="Seconds of worker silence before its requests are failed.")
 @click.option("--hosted-tools", type=click.Choice(["reject", "drop"]), default="reject", show_default=True, envvar="KILN_HOSTED_TOOLS", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
+@click.option("--secret-key", default=None, envvar="KILN_SECRET_KEY", help="Key that signs reasoning and compaction content handed to clients. Set the same key on every gateway replica; default: random per process.")
+@click.option("--reasoning-echo-max-bytes", default=16 << 20, show_default=True, type=click.IntRange(min=0), envvar=["KILN_REASONING_ECHO_MAX_BYTES", "MLXCEL_REASONING_ECHO_MAX_BYTES"], help="Byte budget of the reasoning echo store; 0 turns it off.")
 @store_options
 @hosted_options
 def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat_timeout: float, hosted_tools: str, log_level: str, **options) -> None:
     """Serve the OpenAI Responses API and route requests to kiln-worker processes."""
     configure(log_level)
     stores = store_settings(options)
+    stores["secret_key"] = options.pop("secret_key")
+    stores["reasoning_echo_max_bytes"] = options.pop("reasoning_echo_max_bytes")
     hosted = hosted_settings(host, options)
     settings = Settings(
         host=host,

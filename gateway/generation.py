@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kiln.protocol import Done, Event, Failed, Generate
@@ -42,6 +42,8 @@ class Generation:
         self.model = model
         self.channel: Channel | None = None
         self.cancelled = False
+        # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
+        self.item_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     async def open(self) -> None:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
@@ -74,8 +76,11 @@ class Generation:
                     self.response.cancel()
                     return
                 if isinstance(message, Event):
-                    self.response.apply(message.event)
-                    yield message.event
+                    event = message.event
+                    if self.item_hook is not None and event.get("type") == "response.output_item.done":
+                        event = {**event, "item": self.item_hook(event["item"])}
+                    self.response.apply(event)
+                    yield event
                 elif isinstance(message, Done):
                     self.response.finish(message.status, _complete_usage(message.usage), message.incomplete_details)
                     return

@@ -16,10 +16,12 @@ from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed
 from .history import TERMINAL, conversation_id, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
+from .sealing import SealError, Sealer
 from .settings import Settings
 from .store.background import Job, JobRegistry
 from .store.conversations import ConversationStore
 from .store.lru import approx_bytes
+from .store.reasoning_echo import ReasoningEchoStore
 from .store.responses import ResponseStore, StoredResponse
 from .workers import NoWorker, WorkerPool
 
@@ -64,6 +66,8 @@ class ResponsesService:
         self.conversations = ConversationStore(settings.conversation_store_max_entries, settings.conversation_store_max_bytes, settings.conversation_store_ttl_secs)
         self.jobs = JobRegistry(settings.responses_background_max_jobs, settings.responses_store_max_bytes)
         self.inflight: dict[str, Generation] = {}
+        self.sealer = Sealer(settings.secret_key)
+        self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
 
     # -- create ----------------------------------------------------------------------------------
     def prepare(self, body: dict) -> tuple[Generation, list[dict]]:
@@ -74,13 +78,44 @@ class ResponsesService:
         body["model"] = model
         if body["background"]:
             self._check_background_allowed()
-        own_input = _with_ids(body["input"])
+        own_input = _with_ids(self.unseal_items(body["input"]))
         history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode)
-        body["input"] = history + own_input
+        body["input"] = self.reasoning_echo.restore(history + own_input)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         response = ResponseObject(new_response_id(), body, model)
-        return Generation(self.pool, response, body, model), own_input
+        generation = Generation(self.pool, response, body, model)
+        if "reasoning.encrypted_content" in (body.get("include") or []):
+            generation.item_hook = self.seal_reasoning
+        return generation, own_input
+
+    # -- sealed content --------------------------------------------------------------------------
+    def seal_reasoning(self, item: dict) -> dict:
+        if item.get("type") != "reasoning":
+            return item
+        text = "".join(c.get("text", "") for c in item.get("content") or [])
+        return {**item, "encrypted_content": self.sealer.seal("reasoning", {"text": text})}
+
+    def unseal_items(self, items: list[dict]) -> list[dict]:
+        """Reasoning carried back in ``encrypted_content`` becomes renderable content again.
+
+        A blob in Kiln's format that fails verification is refused; another server's blob (a
+        client that switched providers) cannot be read, so it is dropped.
+        """
+        out = []
+        for i, item in enumerate(items):
+            blob = item.get("encrypted_content")
+            if item.get("type") == "reasoning" and blob:
+                if not self.sealer.is_ours(blob):
+                    item = {k: v for k, v in item.items() if k != "encrypted_content"}
+                else:
+                    try:
+                        payload = self.sealer.unseal("reasoning", blob)
+                    except SealError as exc:
+                        raise invalid(f"'input[{i}].encrypted_content' was not produced by this server or was altered ({exc}).", param=f"input[{i}].encrypted_content")
+                    item = {**item, "content": [{"type": "reasoning_text", "text": payload.get("text", "")}]}
+            out.append(item)
+        return out
 
     def _check_background_allowed(self) -> None:
         s = self.settings
@@ -101,6 +136,7 @@ class ResponsesService:
         snapshot = response.snapshot()
         if snapshot.get("usage") is None:
             snapshot["usage"] = zero_usage()
+        self.reasoning_echo.remember(snapshot["output"])
         if response.status in ("completed", "incomplete") and snapshot["output"]:
             conv = conversation_id(body.get("conversation"))
             if conv is not None:

@@ -28,4 +28,15 @@ class Settings:
     conversation_store_ttl_secs: int = 3600
     # Server key that seals reasoning and compaction content handed to clients.
     secret_key: str | None = None
+    reasoning_echo_max_bytes: int = 16 << 20
+    # Hosted mode (spec/hosted-gateway.md; docs/hosted.md). auth "keys": API keys per organization,
+    # metering, credits and concurrency limits from the accounts database.
+    auth: str = "none"
+    database_url: str | None = None
+    catalog_path: str | None = None
+    redis_url: str | None = None
+    redis_namespace: str = "kiln"
+    admin_token: str | None = None
+    allow_public_no_auth: bool = False
+    auth_cache_ttl: float = 2.0
     extra: dict = field(default_factory=dict)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ApiError, invalid
+from .schema_check import check_text_format
 
 HOSTED_TOOL_TYPES = frozenset(
     {
@@ -265,6 +266,8 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
                 raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
     for key in ("text", "reasoning"):
         _expect(body, key, (dict,), "an object")
+    if body.get("text") is not None:
+        check_text_format(body["text"].get("format"))
     include = _expect(body, "include", (list,), "an array")
     if include is not None and not all(isinstance(x, str) for x in include):
         raise invalid("Invalid 'include': expected an array of strings.", param="include")

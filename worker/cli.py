@@ -56,8 +56,10 @@ def build_server(options: dict):
 
         tokenizer = ByteTokenizer()
         scheduler = ScriptedScheduler(options["scripted_reply"], delay_s=options["scripted_delay"], capacity=options["max_batch"], queue_depth=options["queue_depth"])
+        from .setup import model_extras
+
         model_id, aliases, window = "kiln-scripted", list(options["model_alias"]), 8192
-        extras: dict = {}
+        extras = model_extras(tokenizer, options)
     else:
         from .engine.scheduler import Scheduler
         from .loading import load_model

@@ -37,20 +37,34 @@ class PromptTooLong(Exception):
 
 
 class GenerationService:
-    def __init__(self, *, tokenizer: Any, scheduler: Any, config: ServiceConfig, render_options: RenderOptions | None = None, router_factory: Callable[[dict], Any] | None = None, constraint_factory: Callable[[dict], list] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        scheduler: Any,
+        config: ServiceConfig,
+        render_options: RenderOptions | None = None,
+        router_factory: Callable[[dict, str], Any] | None = None,
+        constraint_factory: Callable[[dict], list] | None = None,
+        tools_prompt: Callable[[dict], str | None] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.config = config
         self.render_options = render_options or RenderOptions()
         self.router_factory = router_factory
         self.constraint_factory = constraint_factory
+        self.tools_prompt = tools_prompt
         self._handles: dict[str, int] = {}
         self._lock = threading.Lock()
 
     # -- prompt ----------------------------------------------------------------------------------
+    def prompt_text(self, body: dict) -> str:
+        tools_prompt = self.tools_prompt(body) if self.tools_prompt else None
+        return render(body, self.tokenizer, self.render_options, tools_prompt=tools_prompt)
+
     def prompt_tokens(self, body: dict) -> list[int]:
-        text = render(body, self.tokenizer, self.render_options)
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(self.prompt_text(body))
 
     # -- messages --------------------------------------------------------------------------------
     def count(self, message: CountTokens, emit: Emit) -> None:
@@ -73,7 +87,8 @@ class GenerationService:
     def generate(self, message: Generate, emit: Emit) -> None:
         req_id, body = message.req_id, message.body
         try:
-            prompt = self.prompt_tokens(body)
+            text = self.prompt_text(body)
+            prompt = self.tokenizer.encode(text)
         except Exception as exc:
             emit(Failed(req_id, 400, "invalid_prompt", f"The input could not be rendered with the model's chat template: {exc}"))
             return
@@ -96,7 +111,8 @@ class GenerationService:
         except ValueError as exc:
             emit(Failed(req_id, 400, "invalid_request_error", str(exc), "text.format"))
             return
-        run = _Run(self, req_id, emit, body, params, len(prompt))
+        router = self.router_factory(body, text) if self.router_factory else None
+        run = _Run(self, req_id, emit, body, params, len(prompt), router)
         request = EngineRequest(
             prompt=prompt,
             params=params,
@@ -120,7 +136,7 @@ class GenerationService:
 class _Run:
     """One request's output state, driven on the scheduler thread by ``on_step``."""
 
-    def __init__(self, service: GenerationService, req_id: str, emit: Emit, body: dict, params: SamplingParams, prompt_len: int) -> None:
+    def __init__(self, service: GenerationService, req_id: str, emit: Emit, body: dict, params: SamplingParams, prompt_len: int, router: Any) -> None:
         self.service = service
         self.req_id = req_id
         self.emit = emit
@@ -128,7 +144,6 @@ class _Run:
         self.request: EngineRequest | None = None
         tok = service.tokenizer
         self.decoder = IncrementalDecoder(tok.decode)
-        router = service.router_factory(body) if service.router_factory else None
         self.assembler = OutputAssembler(
             lambda event: emit(Event(req_id, event)),
             router=router,

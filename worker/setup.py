@@ -2,12 +2,105 @@
 
 from __future__ import annotations
 
+import threading
+from functools import partial
 from typing import Any
 
-from .prompt import RenderOptions
+from .output.router import make_router
+from .output.tool_calls.select import parser_for
+from .output.tool_prompt import render_tools_system_prompt, template_supports_tools
+from .prompt import RenderOptions, function_tools
 
 
 def model_extras(tokenizer: Any, options: dict) -> dict[str, Any]:
     """Keyword arguments for GenerationService that depend on the loaded model."""
     template = getattr(tokenizer, "chat_template", None) or ""
-    return {"render_options": RenderOptions(template_takes_tools="tools" in template)}
+    takes_tools = template_supports_tools(template)
+    override = options.get("tool_parser")
+
+    def tools_prompt(body: dict) -> str | None:
+        if takes_tools:
+            return None
+        return render_tools_system_prompt(function_tools(body.get("tools") or []), body.get("tool_choice", "auto"), body.get("parallel_tool_calls", True)) or None
+
+    def router_factory(body: dict, prompt_text: str):
+        tools = function_tools(body.get("tools") or [])
+        return make_router(prompt_text, tools=tools, tool_choice=body.get("tool_choice", "auto"), parser_factory=partial(_parser, template, override))
+
+    constraints = Constraints(tokenizer)
+    return {
+        "render_options": RenderOptions(template_takes_tools=takes_tools),
+        "router_factory": router_factory,
+        "tools_prompt": tools_prompt,
+        "constraint_factory": constraints.for_body,
+    }
+
+
+class Constraints:
+    """Logits processors that enforce ``text.format`` and forced ``tool_choice``.
+
+    The llguidance tokenizer view takes a second or more to build, so it is built on a
+    background thread at start and awaited by the first request that needs it.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._compiler: Any = None
+        self._ready = threading.Event()
+        self._error: Exception | None = None
+        threading.Thread(target=self._build, name="kiln-grammar-init", daemon=True).start()
+
+    def _build(self) -> None:
+        try:
+            from .structured import GrammarCompiler
+
+            self._compiler = GrammarCompiler.from_tokenizer(self._tokenizer)
+        except Exception as exc:  # reported to the requests that need it
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def compiler(self) -> Any:
+        self._ready.wait()
+        if self._error is not None:
+            raise ValueError(f"structured output is unavailable for this model: {self._error}")
+        return self._compiler
+
+    def for_body(self, body: dict) -> list:
+        """Processors for one request; raises ValueError for a grammar that cannot compile."""
+        from .structured import GrammarError
+
+        choice = body.get("tool_choice", "auto")
+        tools = function_tools(body.get("tools") or [])
+        forced = tools and (choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"))
+        fmt = (body.get("text") or {}).get("format")
+        if not forced and (not fmt or fmt.get("type", "text") == "text"):
+            return []
+        try:
+            if forced:
+                # Exactly one call: small models otherwise keep calling until the token limit.
+                return [self.compiler().tool_call_processor(strict_tools(tools), choice, False)]
+            return [self.compiler().processor_for(fmt)]
+        except GrammarError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+def _parser(template: str, override: str | None, tools: list[dict]):
+    return parser_for(template, override=override, tools=tools)
+
+
+def strict_tools(tools: list[dict]) -> list[dict]:
+    """Tools whose object schemas close ``additionalProperties`` unless the tool opts out with
+    ``strict: false`` (the Responses API's default for function tools is strict)."""
+    return [t if t.get("strict") is False else {**t, "parameters": _closed(t.get("parameters") or {"type": "object", "properties": {}})} for t in tools]
+
+
+def _closed(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if out.get("type") == "object" and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
