@@ -348,6 +348,9 @@ class ConstraintProcessor:
     # -- mlx-lm logits processor ---------------------------------------------------------------
 
     def __call__(self, tokens: mx.array | None, logits: mx.array) -> mx.array:
+        # Start the forward pass now: reading the sampled token and filling the mask (CPU,
+        # GIL released) then overlap with it instead of running after it.
+        mx.async_eval(logits)
         self._advance(tokens)
         if self.error is None:
             fill_next_token_bitmask(self._matcher, self._bitmask)
