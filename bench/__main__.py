@@ -1,0 +1,186 @@
+"""Kiln against other local servers on the same weights: `python -m bench` (or `./dev bench`).
+
+For each run and each peer: start the server, warm it up, run the workloads, stop it. Peers are
+interleaved run by run so that drift in machine load hits all of them alike. The table shows the
+median of each metric over the runs and the ratio Kiln/peer. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from . import workloads as wl
+from .client import make_api, median
+from .servers import ALL_PEERS, PEERS, PeerUnavailable, Server, spec_for
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from {', '.join(ALL_PEERS)} (default: %(default)s); unavailable ones are skipped")
+    p.add_argument("--runs", type=int, default=None, help="runs per peer; the table shows medians (default 3; --quick: 1)")
+    p.add_argument("--quick", action="store_true", help="smaller workloads (32 output tokens, 1 and 4 streams, 3 turns, 256-token system prompt) and 1 run")
+    p.add_argument("--workloads", default=",".join(wl.WORKLOADS), help="comma-separated, from %(default)s")
+    p.add_argument("--json", type=Path, default=None, help="write every run's metrics and the medians here")
+    p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
+    p.add_argument("--blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for every peer (default: each server's own, the usable core count); 1 helps on a machine shared with other work")
+    p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp folder)")
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a server to come up")
+    opts = p.parse_args(argv)
+    if opts.runs is None:
+        opts.runs = 1 if opts.quick else 3
+    return opts
+
+
+async def run_peer_once(server: Server, cfg: wl.Config, names: list[str], run: int) -> tuple[dict, list[str]]:
+    spec = server.spec
+    api = make_api(spec.api, spec.base_url, spec.model)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.timeout) as client:
+        warm = await api.stream(client, [{"role": "user", "content": "Hello! Who are you?"}], 4, 0.0, cfg.timeout)
+        if warm.error:
+            raise RuntimeError(f"warm-up request failed: {warm.error}")
+        ctx = wl.Context(api=api, client=client, cfg=cfg, run=run, progress=lambda m: progress(f"{spec.name} run {run + 1}: {m.strip()}"))
+        metrics: dict = {}
+        for name in names:
+            started = time.perf_counter()
+            progress(f"{spec.name} run {run + 1}: {name}")
+            metrics.update(await wl.RUNNERS[name](ctx))
+            progress(f"{spec.name} run {run + 1}: {name} done in {time.perf_counter() - started:.0f} s")
+        return metrics, ctx.errors
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def table(peers: list[str], medians: dict[str, dict], base: str | None) -> str:
+    metrics: list[str] = []
+    for peer in peers:
+        for key in medians.get(peer, {}):
+            if key not in metrics:
+                metrics.append(key)
+    others = [p for p in peers if p != base and p in medians] if base else []
+    header = ["metric", *peers, *[f"{base}/{p}" for p in others]]
+    rows = [header]
+    for m in metrics:
+        row = [m + {True: " ↑", False: " ↓", None: ""}[wl.higher_is_better(m)]]
+        row += [fmt(medians.get(p, {}).get(m)) for p in peers]
+        for p in others:
+            a, b = medians[base].get(m), medians[p].get(m)
+            row.append(f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) if j == 0 else c.rjust(widths[j]) for j, c in enumerate(r)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # unwinds through `with Server(...)`, which stops the servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
+    opts = parse_args(argv)
+    peers = [p.strip() for p in opts.peers.split(",") if p.strip()]
+    names = [w.strip() for w in opts.workloads.split(",") if w.strip()]
+    for p in peers:
+        if p not in ALL_PEERS:
+            sys.exit(f"unknown peer {p!r}; choose from {', '.join(ALL_PEERS)}")
+    for n in names:
+        if n not in wl.RUNNERS:
+            sys.exit(f"unknown workload {n!r}; choose from {', '.join(wl.WORKLOADS)}")
+    cfg = wl.Config.quick() if opts.quick else wl.Config()
+
+    specs_ok: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for p in peers:
+        try:
+            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads)
+            specs_ok[p] = spec.note
+        except PeerUnavailable as exc:
+            skipped[p] = str(exc)
+            progress(f"skipping {p}: {exc}")
+    active = [p for p in peers if p in specs_ok]
+    if not active:
+        sys.exit("no peer can run here")
+    progress(f"peers {', '.join(active)}; workloads {', '.join(names)}; {opts.runs} run(s){' (quick)' if opts.quick else ''}")
+
+    runs: dict[str, list[dict]] = {p: [] for p in active}
+    errors: dict[str, list[str]] = {p: [] for p in active}
+    started = time.perf_counter()
+    for run in range(opts.runs):
+        for p in active:
+            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads)  # fresh ports each start
+            progress(f"{p} run {run + 1}/{opts.runs}: starting ({spec.note})")
+            t0 = time.perf_counter()
+            try:
+                with Server(spec, log_dir=opts.log_dir, ready_timeout=opts.ready_timeout) as server:
+                    progress(f"{p} run {run + 1}/{opts.runs}: ready in {time.perf_counter() - t0:.0f} s; warming up")
+                    metrics, errs = asyncio.run(run_peer_once(server, cfg, names, run))
+                    if errs:
+                        progress(f"{p} run {run + 1}: {len(errs)} failed request(s); first: {errs[0][:200]}; log {server.log_path}")
+            except RuntimeError as exc:
+                progress(f"{p} run {run + 1}: FAILED: {exc}")
+                errors[p].append(str(exc)[:500])
+                continue
+            runs[p].append(metrics)
+            errors[p].extend(errs)
+    elapsed = time.perf_counter() - started
+
+    medians: dict[str, dict] = {}
+    for p, rs in runs.items():
+        if not rs:
+            continue
+        keys = [k for r in rs for k in r]
+        medians[p] = {k: median([r.get(k) for r in rs]) for k in dict.fromkeys(keys)}
+    base = "kiln" if "kiln" in medians else ("kiln_scripted" if "kiln_scripted" in medians else None)
+    shown = [p for p in active if p in medians]
+
+    print(f"\nKiln benchmark — medians over {opts.runs} run(s){' (quick)' if opts.quick else ''}, {platform.machine()} {platform.system()}, {elapsed:.0f} s")
+    for p in active:
+        print(f"  {p}: {specs_ok[p]}; {len(runs[p])} run(s) ok, {len(errors[p])} error(s)")
+    for p, why in skipped.items():
+        print(f"  {p}: skipped ({why})")
+    if shown:
+        print()
+        print(table(shown, medians, base))
+        print("\n↑ higher is better, ↓ lower is better; ratios are Kiln's median over the peer's median.")
+    if opts.json:
+        opts.json.write_text(json.dumps({
+            "config": {**vars(cfg), "runs": opts.runs, "quick": opts.quick, "workloads": names},
+            "machine": {"platform": platform.platform(), "python": platform.python_version()},
+            "peers": {p: {"note": specs_ok[p], "runs": runs[p], "median": medians.get(p), "errors": errors[p]} for p in active},
+            "skipped": skipped,
+            "elapsed_s": elapsed,
+        }, indent=2, default=str))
+        print(f"\nwrote {opts.json}")
+    return 0 if shown else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

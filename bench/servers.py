@@ -1,0 +1,201 @@
+"""Start and stop the servers under test, each on the same weights.
+
+Peers:
+  kiln           `kiln serve` (one gateway + one worker) on the bundled GGUF (float32 on the CPU)
+  kiln_scripted  `kiln serve --engine scripted`: no model; gateway + protocol + fake token stream
+  mlx_lm_f32     `python -m mlx_lm.server` on the GGUF dequantized to float32, OpenBLAS preloaded
+  mlx_lm_q4      `python -m mlx_lm.server` on the GGUF's own 4-bit weights, stock (no preload)
+  llama_cpp      `llama-server` or `python -m llama_cpp.server` on the GGUF itself, if installed
+
+Each server runs in its own session (process group) so that stopping it stops its children.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+PEERS = ("kiln", "mlx_lm_f32", "mlx_lm_q4", "llama_cpp")
+ALL_PEERS = (*PEERS, "kiln_scripted")
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer cannot run here (not installed); the harness skips it."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kiln_exe() -> list[str]:
+    exe = Path(sys.executable).with_name("kiln")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "kiln.cli"]
+
+
+@dataclass
+class ServerSpec:
+    name: str
+    argv: list[str]
+    api: str  # "responses" | "chat"
+    model: str
+    port: int
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    health: str = "/health"
+    note: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None) -> ServerSpec:
+    """The command line for peer `name`; raises PeerUnavailable if it cannot run here.
+
+    `blas_threads` sets OPENBLAS_NUM_THREADS for every peer (Kiln's worker and the OpenBLAS
+    preload here otherwise default it to the usable core count).
+    """
+    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args)
+    if blas_threads:
+        spec.env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
+        spec.note += f", OPENBLAS_NUM_THREADS={blas_threads}"
+    return spec
+
+
+def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None) -> ServerSpec:
+    port = free_port()
+    if name in ("kiln", "kiln_scripted"):
+        argv = [*_kiln_exe(), "serve", "--port", str(port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}", *(kiln_args or [])]
+        env = dict(os.environ)
+        if name == "kiln_scripted":
+            argv += ["--engine", "scripted"]
+            env["KILN_SCRIPTED_DELAY"] = str(scripted_delay)
+            env["KILN_SCRIPTED_REPLY"] = scripted_reply if scripted_reply is not None else _long_reply()
+            return ServerSpec(name, argv, "responses", "kiln-scripted", port, env, note=f"scripted engine, {scripted_delay * 1000:.0f} ms/token")
+        return ServerSpec(name, argv, "responses", "smollm2-135m-instruct", port, env, note="bundled GGUF, worker default weights (float32 on CPU)")
+    if name in ("mlx_lm_f32", "mlx_lm_q4"):
+        if importlib.util.find_spec("mlx_lm") is None:
+            raise PeerUnavailable("mlx-lm is not installed")
+        from .convert import blas_env, convert
+
+        variant = name.rsplit("_", 1)[1]
+        folder = convert(variant)
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port", str(port), "--log-level", "WARNING"]
+        env = dict(os.environ)
+        note = f"{folder.name}"
+        if variant == "f32":
+            preload = blas_env(env)
+            if preload is not None:
+                env = preload
+                note += f", LD_PRELOAD={Path(env['LD_PRELOAD'].split()[0]).name}"
+            else:
+                note += ", no OpenBLAS found (reference BLAS)"
+        return ServerSpec(name, argv, "chat", "default_model", port, env, note=note)
+    if name == "llama_cpp":
+        from .convert import bundled_gguf
+
+        gguf = str(bundled_gguf())
+        binary = shutil.which("llama-server")
+        if binary:
+            argv = [binary, "-m", gguf, "--port", str(port), "--host", "127.0.0.1", "-c", "8192", "-np", "8", "--jinja"]
+            return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, note="llama-server (llama.cpp)")
+        if importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llama_cpp.server") is not None:
+            argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--port", str(port), "--host", "127.0.0.1", "--n_ctx", "8192", "--model_alias", "smollm2-135m-instruct"]
+            return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, health="/v1/models", note="llama-cpp-python server")
+        raise PeerUnavailable("llama.cpp not installed (no llama-server on PATH, no llama_cpp.server module)")
+    raise ValueError(f"unknown peer {name!r}; choose from {', '.join(ALL_PEERS)}")
+
+
+def _long_reply() -> str:
+    # One byte a token in the scripted engine: enough for 64+ output tokens.
+    return ("The quick brown fox jumps over the lazy dog. " * 8).strip()
+
+
+class Server:
+    """A running peer. Use as a context manager: started on enter, stopped on exit."""
+
+    def __init__(self, spec: ServerSpec, *, log_dir: Path | None = None, ready_timeout: float = 600.0) -> None:
+        self.spec = spec
+        self.ready_timeout = ready_timeout
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kiln-bench-"))
+        self.log_path = self.log_dir / f"{spec.name}-{spec.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.spec.argv, cwd=REPO, env=self.spec.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode} while starting; log: {self.log_path}\n{self.tail()}")
+            if self._healthy():
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{self.spec.name} not ready after {self.ready_timeout:.0f} s; log: {self.log_path}\n{self.tail()}")
+
+    def _healthy(self) -> bool:
+        try:
+            r = httpx.get(self.spec.base_url + self.spec.health, timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        if r.status_code != 200:
+            return False
+        if self.spec.api == "responses":
+            # Kiln's gateway answers before its worker has loaded and registered.
+            try:
+                workers = r.json().get("workers")
+            except ValueError:
+                return False
+            return bool(workers)
+        return True
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def stop(self, grace: float = 15.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # our own session: the server and its children
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group (workers)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
