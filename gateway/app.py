@@ -21,6 +21,7 @@ from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
 from .routes.responses import (
     cancel_response,
+    compact_response,
     create_response,
     delete_response,
     get_response,
@@ -36,6 +37,7 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
     return [
         ("/responses", create_response, ["POST"]),
         ("/responses/input_tokens", input_tokens, ["POST"]),
+        ("/responses/compact", compact_response, ["POST"]),
         ("/responses/{response_id}", get_response, ["GET"]),
         ("/responses/{response_id}", delete_response, ["DELETE"]),
         ("/responses/{response_id}/cancel", cancel_response, ["POST"]),

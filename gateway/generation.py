@@ -44,17 +44,38 @@ class Generation:
         self.cancelled = False
         # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
         self.item_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        # What the worker renders: ``body["input"]`` with compaction items expanded.
+        self.wire_input: list[dict[str, Any]] = body.get("input") or []
+        # Events the gateway produced before generation (compaction), and how many output
+        # items they hold: the worker's output indices are shifted past them.
+        self.prefix_events: list[dict[str, Any]] = []
+        self.index_offset = 0
+        # context_management's compaction threshold, when the request set one.
+        self.compact_threshold: int | None = None
+        # True when the response is complete without a generation (a compaction_trigger turn).
+        self.done_without_worker = False
 
     async def open(self) -> None:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
+        if self.done_without_worker:
+            return
         cache_key = self.body.get("prompt_cache_key")
         try:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
             raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
         req_id = uuid.uuid4().hex
-        message = Generate(req_id=req_id, response_id=self.response.id, body=self.body)
+        message = Generate(req_id=req_id, response_id=self.response.id, body={**self.body, "input": self.wire_input})
         self.channel = await self.pool.open(worker, req_id, message)
+
+    def add_prefix_item(self, item: dict[str, Any]) -> None:
+        """An output item the gateway made (a compaction), placed before the worker's items."""
+        index = self.index_offset
+        self.prefix_events.append({"type": "response.output_item.added", "output_index": index, "item": item})
+        done = {"type": "response.output_item.done", "output_index": index, "item": item}
+        self.prefix_events.append(done)
+        self.response.apply(done)
+        self.index_offset += 1
 
     def close(self) -> None:
         if self.channel is not None:
@@ -68,6 +89,10 @@ class Generation:
             self.channel.queue.put_nowait(None)
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
+        for event in self.prefix_events:
+            yield event
+        if self.done_without_worker:
+            return
         assert self.channel is not None, "open() first"
         try:
             while True:
@@ -77,6 +102,8 @@ class Generation:
                     return
                 if isinstance(message, Event):
                     event = message.event
+                    if self.index_offset and "output_index" in event:
+                        event = {**event, "output_index": event["output_index"] + self.index_offset}
                     if self.item_hook is not None and event.get("type") == "response.output_item.done":
                         event = {**event, "item": self.item_hook(event["item"])}
                     self.response.apply(event)
@@ -89,6 +116,10 @@ class Generation:
                     raise GenerationFailed(message.http_status, message.code, message.message, message.param)
         finally:
             self.pool.close(self.channel, cancel=not self.channel.finished)
+
+
+def complete_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    return _complete_usage(usage)
 
 
 def _complete_usage(usage: dict[str, Any]) -> dict[str, Any]:

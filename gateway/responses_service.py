@@ -12,8 +12,9 @@ import logging
 import uuid
 from typing import Any
 
+from . import compaction
 from .errors import ApiError, invalid
-from .generation import Generation, GenerationFailed
+from .generation import Generation, GenerationFailed, complete_usage, count_tokens
 from .history import TERMINAL, conversation_id, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
 from .sealing import SealError, Sealer
@@ -83,11 +84,57 @@ class ResponsesService:
         body["input"] = self.reasoning_echo.restore(history + own_input)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
+        threshold = compaction.compaction_settings(body)
         response = ResponseObject(new_response_id(), body, model)
         generation = Generation(self.pool, response, body, model)
+        generation.wire_input = compaction.expand_items(body["input"], self.sealer)
+        generation.compact_threshold = threshold
         if "reasoning.encrypted_content" in (body.get("include") or []):
             generation.item_hook = self.seal_reasoning
         return generation, own_input
+
+    # -- compaction ------------------------------------------------------------------------------
+    async def compaction_phase(self, generation: Generation) -> None:
+        """Run what must happen before generation: a ``compaction_trigger`` turn (the whole
+        answer is one compaction item) or automatic compaction over ``context_management``'s
+        threshold. Raises ApiError when compaction fails."""
+        body, model = generation.body, generation.model
+        window = self.pool.context_window(model) or 0
+        items = body["input"]
+        if items and items[-1].get("type") == "compaction_trigger":
+            result = await compaction.compact(self.pool, self.sealer, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS)
+            generation.add_prefix_item(result.item)
+            generation.done_without_worker = True
+            generation.response.finish("completed", complete_usage(result.usage))
+            return
+        threshold = generation.compact_threshold
+        if threshold is None:
+            return
+        counted = await count_tokens(self.pool, {**body, "input": generation.wire_input}, model)
+        if counted < threshold and counted < window - 1:
+            return
+        rid = generation.response.id
+        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS)
+        body["input"] = result.history
+        generation.wire_input = compaction.expand_items(result.history, self.sealer)
+        generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
+        generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
+        generation.add_prefix_item(result.item)
+
+    async def compact_endpoint(self, body: dict) -> dict:
+        """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
+        is stored."""
+        model = self.pool.resolve(body["model"])
+        if model is None:
+            raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+        window = self.pool.context_window(model) or 0
+        keep = body.get("keep_tokens", compaction.default_keep_tokens(window))
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
+            raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
+        max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
+        body = {**body, "model": model, "input": _with_ids(self.unseal_items(body["input"]))}
+        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=keep, max_output_tokens=max_out)
+        return compaction.compact_resource(result, model)
 
     # -- sealed content --------------------------------------------------------------------------
     def seal_reasoning(self, item: dict) -> dict:
@@ -125,6 +172,7 @@ class ResponsesService:
             raise invalid("Background mode is disabled on this server.", param="background")
 
     async def start_foreground(self, generation: Generation) -> None:
+        await self.compaction_phase(generation)
         await generation.open()
         self.inflight[generation.response.id] = generation
 
@@ -172,6 +220,11 @@ class ResponsesService:
     async def _run_job(self, job: Job) -> None:
         response, generation = job.response, job.generation
         try:
+            try:
+                await self.compaction_phase(generation)
+            except ApiError as error:
+                # context_management runs inside the job: its failure fails the job.
+                raise GenerationFailed(error.status, "invalid_prompt" if error.status == 400 else (error.code or "server_error"), error.message)
             await generation.open()
             async for _ in generation.events():
                 if response.status == "queued":

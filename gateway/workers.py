@@ -19,6 +19,7 @@ import zmq.asyncio
 from kiln.protocol import (
     PROTOCOL_VERSION,
     Cancel,
+    Compacted,
     Done,
     Event,
     Failed,
@@ -73,7 +74,7 @@ class Channel:
     def put(self, message: Any) -> None:
         if self.finished:
             return
-        if isinstance(message, (Done, Failed, TokenCount)):
+        if isinstance(message, (Done, Failed, TokenCount, Compacted)):
             self.finished = True
         try:
             self.queue.put_nowait(message)
@@ -235,7 +236,7 @@ class WorkerPool:
         if isinstance(message, Heartbeat):
             worker.active, worker.queued, worker.cache = message.active, message.queued, message.cache
             return
-        if isinstance(message, (Event, Done, Failed, TokenCount)):
+        if isinstance(message, (Event, Done, Failed, TokenCount, Compacted)):
             channel = self.channels.get(message.req_id)
             if channel is not None:
                 channel.put(message)

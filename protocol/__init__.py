@@ -4,6 +4,8 @@ from .codec import ProtocolError, decode, encode
 from .messages import (
     PROTOCOL_VERSION,
     Cancel,
+    Compact,
+    Compacted,
     CountTokens,
     Done,
     Event,
@@ -29,6 +31,8 @@ __all__ = [
     "Generate",
     "CountTokens",
     "Cancel",
+    "Compact",
+    "Compacted",
     "Event",
     "Done",
     "Failed",

@@ -7,8 +7,8 @@ refuses a worker whose ``version`` differs from ``PROTOCOL_VERSION``.
 
 Direction of each message:
 
-    worker -> gateway   Register, Heartbeat, Event, Done, Failed, TokenCount
-    gateway -> worker   Registered, Generate, CountTokens, Cancel
+    worker -> gateway   Register, Heartbeat, Event, Done, Failed, TokenCount, Compacted
+    gateway -> worker   Registered, Generate, CountTokens, Compact, Cancel
 """
 
 from __future__ import annotations
@@ -73,6 +73,31 @@ class CountTokens:
 
 
 @dataclass
+class Compact:
+    """Summarize the older part of ``body["input"]`` (history already expanded).
+
+    The worker chooses the split (it owns token counting), generates the summary and answers
+    ``Compacted``, or ``Failed`` with ``context_length_exceeded`` when compaction cannot help.
+    """
+
+    req_id: str
+    body: dict[str, Any]
+    keep_tokens: int
+    max_output_tokens: int
+
+
+@dataclass
+class Compacted:
+    req_id: str
+    summary: str
+    kept_indices: list[int]  # system/developer messages of the input, kept verbatim
+    retained_indices: list[int]  # the newest whole turns, kept verbatim
+    input_tokens_before: int
+    input_tokens_after: int
+    usage: dict[str, Any]
+
+
+@dataclass
 class Cancel:
     req_id: str
 
@@ -125,6 +150,8 @@ MESSAGE_TYPES: dict[str, type] = {
         Heartbeat,
         Generate,
         CountTokens,
+        Compact,
+        Compacted,
         Cancel,
         Event,
         Done,

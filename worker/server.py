@@ -19,6 +19,7 @@ import zmq
 from kiln.protocol import (
     HEARTBEAT_INTERVAL_S,
     Cancel,
+    Compact,
     CountTokens,
     Generate,
     Heartbeat,
@@ -135,5 +136,7 @@ class WorkerServer:
             self.service.generate(message, emit)
         elif isinstance(message, CountTokens):
             self.service.count(message, emit)
+        elif isinstance(message, Compact):
+            self.service.compact(message, emit)
         elif isinstance(message, Cancel):
             self.service.cancel(message.req_id)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.protocol import CountTokens, Done, Event, Failed, Generate, TokenCount
+from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
 
+from . import compaction
 from .detokenize import IncrementalDecoder
 from .engine.types import EngineRequest, QueueFull, SamplingParams, Step
 from .output.events import OutputAssembler, logprob_entry
@@ -74,6 +75,49 @@ class GenerationService:
             emit(Failed(message.req_id, 400, "invalid_prompt", f"The input could not be rendered: {exc}"))
             return
         emit(TokenCount(message.req_id, len(tokens)))
+
+    def compact(self, message: Compact, emit: Emit) -> None:
+        """Plan the split, generate the summary on the scheduler, answer Compacted."""
+        req_id, body = message.req_id, message.body
+        items = body.get("input") or []
+        window = self.config.context_window
+
+        def refuse(reason: str) -> None:
+            emit(Failed(req_id, 400, "context_length_exceeded", f"Compaction cannot shorten this input: {reason}.", "input"))
+
+        try:
+            before = len(self.prompt_tokens(body))
+            if before > window:
+                return refuse(f"the history is {before} tokens, longer than the context window of {window}")
+            bare = {k: v for k, v in body.items() if k not in ("instructions", "tools")}
+            split = compaction.plan(items, message.keep_tokens, lambda part: len(self.prompt_tokens({**bare, "input": part})))
+            summary_request = compaction.summary_body([items[i] for i in split.summarized], message.max_output_tokens)
+            prompt = self.prompt_tokens(summary_request)
+        except compaction.CompactionRefused as exc:
+            return refuse(str(exc))
+        except Exception as exc:
+            emit(Failed(req_id, 400, "invalid_prompt", f"The input could not be rendered: {exc}"))
+            return
+        if len(prompt) >= window:
+            return refuse("the part to summarize does not fit the context window")
+
+        def finished(summary: str, usage: dict) -> None:
+            compacted = [items[i] for i in split.kept] + [compaction.summary_message(summary)] + [items[i] for i in split.retained]
+            after = len(self.prompt_tokens({**body, "input": compacted}))
+            if after >= before:
+                return refuse(f"the summary does not shorten the context ({after} >= {before} tokens)")
+            if after >= window:
+                return refuse("the summary does not fit the context window")
+            emit(Compacted(req_id, summary, split.kept, split.retained, before, after, usage))
+
+        collector = _Collector(self, req_id, len(prompt), finished, emit)
+        params = SamplingParams(temperature=0.0, max_tokens=min(message.max_output_tokens, window - len(prompt)))
+        request = EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step)
+        try:
+            with self._lock:
+                self._handles[req_id] = self.scheduler.submit(request)
+        except QueueFull:
+            emit(Failed(req_id, 503, "server_is_overloaded", "The worker's queue is full; retry shortly."))
 
     def cancel(self, req_id: str) -> None:
         with self._lock:
@@ -192,6 +236,39 @@ class _Run:
             "output_tokens_details": {"reasoning_tokens": self.assembler.reasoning_tokens},
         }
         self.emit(Done(self.req_id, status, usage, incomplete))
+
+
+class _Collector:
+    """Collects a whole generation as text (the compaction summary)."""
+
+    def __init__(self, service: GenerationService, req_id: str, prompt_len: int, finished: Callable[[str, dict], None], emit: Emit) -> None:
+        self.service = service
+        self.req_id = req_id
+        self.prompt_len = prompt_len
+        self.finished = finished
+        self.emit = emit
+        self.decoder = IncrementalDecoder(service.tokenizer.decode)
+        self.parts: list[str] = []
+        self.tokens = 0
+
+    def on_step(self, step: Step) -> None:
+        if step.token is not None and step.finish_reason != "stop":
+            self.parts.append(self.decoder.add(step.token))
+            self.tokens += 1
+        if step.finish_reason is None:
+            return
+        self.service._forget(self.req_id)
+        if step.finish_reason == "cancelled":
+            return
+        if step.finish_reason == "error":
+            self.emit(Failed(self.req_id, 500, "server_error", step.error or "summary generation failed"))
+            return
+        self.parts.append(self.decoder.flush())
+        usage = {"input_tokens": self.prompt_len, "output_tokens": self.tokens}
+        try:
+            self.finished("".join(self.parts).strip(), usage)
+        except Exception as exc:
+            self.emit(Failed(self.req_id, 500, "server_error", f"compaction failed: {exc}"))
 
 
 def _namespaces(tools: list[dict]) -> dict[str, str]:

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..body import read_json
 from ..errors import ApiError, invalid
 from ..generation import Generation, GenerationFailed, count_tokens, terminal_event
+from ..compaction import expand_items
 from ..history import expand
 from ..responses_service import ResponsesService
 from ..sse import EventSequencer
@@ -112,6 +113,22 @@ async def list_input_items(request: Request) -> Response:
     )
 
 
+async def compact_response(request: Request) -> Response:
+    settings = request.app.state.settings
+    raw = await read_json(request, settings.max_body_bytes)
+    if not isinstance(raw, dict):
+        raise invalid("The request body must be a JSON object.")
+    for key in ("stream", "previous_response_id", "conversation"):
+        if raw.get(key) not in (None, False):
+            raise invalid(f"'{key}' is not supported by /responses/compact; send the full history in 'input'.", param=key)
+    body = validate_create({k: v for k, v in raw.items() if k not in ("keep_tokens",)}, hosted_tools=settings.hosted_tools)
+    if "keep_tokens" in raw:
+        body["keep_tokens"] = raw["keep_tokens"]
+    if "max_output_tokens" in raw and raw["max_output_tokens"] is not None and not 1 <= raw["max_output_tokens"] <= 16384:
+        raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
+    return JSONResponse(await _service(request).compact_endpoint(body))
+
+
 async def input_tokens(request: Request) -> Response:
     service = _service(request)
     body = await _body(request)
@@ -120,6 +137,6 @@ async def input_tokens(request: Request) -> Response:
         raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
     body["model"] = model
     history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode)
-    body["input"] = history + body["input"]
+    body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"])), service.sealer)
     count = await count_tokens(service.pool, body, model)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": count})

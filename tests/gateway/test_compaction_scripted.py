@@ -1,0 +1,152 @@
+"""Compaction rules through real processes with the scripted engine (named as such): its
+"summary" is a fixed sentence, which is all these gateway/worker rules need. tests/e2e runs the
+bundled model through the same paths."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conformance import assert_error, assert_stream
+from tests.support import Kiln, stream
+
+MODEL = "kiln-scripted"
+
+
+def history(turns: int, size: int = 300) -> list[dict]:
+    items: list[dict] = [{"role": "developer", "content": "Be helpful."}]
+    for t in range(turns):
+        items.append({"role": "user", "content": f"question {t} " + "x" * size})
+        items.append({"role": "assistant", "content": f"answer {t} " + "y" * size})
+    items.append({"role": "user", "content": "latest question"})
+    return items
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Kiln(tmp_path_factory.mktemp("compact"), worker_args=["--engine", "scripted"]).start(timeout=60)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        yield c
+
+
+def test_compact_endpoint_shape(client):
+    r = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(6), "keep_tokens": 400})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "response.compaction" and body["model"] == MODEL
+    kinds = [i["type"] for i in body["output"]]
+    assert kinds.count("compaction") == 1
+    assert body["output"][0]["role"] == "developer"
+    retained = body["output"][kinds.index("compaction") + 1 :]
+    assert retained[-1]["content"][0]["text"] == "latest question"
+    assert body["usage"]["output_tokens"] > 0
+    assert client.post("/responses/compact", json={"model": MODEL, "input": history(6)}).status_code == 200
+
+
+def test_compacted_output_replays(client):
+    body = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(6), "keep_tokens": 400}).json()
+    before = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": history(6)}).json()["input_tokens"]
+    replay = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": body["output"]}).json()["input_tokens"]
+    only_item = [i for i in body["output"] if i["type"] != "message" or i["role"] == "developer"]
+    alone = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": only_item}).json()["input_tokens"]
+    assert replay < before
+    assert alone == replay  # the item carries the retained turns; replayed duplicates are skipped
+    r = client.post("/v1/responses", json={"model": MODEL, "input": body["output"] + [{"role": "user", "content": "next"}], "max_output_tokens": 4})
+    assert r.status_code == 200
+
+
+def test_split_never_separates_call_from_output(client):
+    items = history(2)[:-1] + [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "z" * 200},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "latest question"},
+    ]
+    body = client.post("/v1/responses/compact", json={"model": MODEL, "input": items, "keep_tokens": 150}).json()
+    kept_types = [i["type"] for i in body["output"]]
+    assert not ("function_call_output" in kept_types and "function_call" not in kept_types)
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [({"stream": True}, "stream"), ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"conversation": "c"}, "conversation"), ({"keep_tokens": 0}, "keep_tokens"), ({"max_output_tokens": 20000}, "max_output_tokens")],
+)
+def test_compact_refusals(client, extra, param):
+    r = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(3), **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert_error(r.json())
+
+
+def test_nothing_to_summarize_is_context_length_exceeded(client):
+    r = client.post("/v1/responses/compact", json={"model": MODEL, "input": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_history_longer_than_window_is_refused(client):
+    r = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(3, size=5000)})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_forged_compaction_item_is_refused(client):
+    body = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(6)}).json()
+    item = next(i for i in body["output"] if i["type"] == "compaction")
+    head, mac = item["encrypted_content"].rsplit(".", 1)
+    for blob in (head[:-3] + "abc." + mac, "eyJzdW1tYXJ5IjogImhpIn0"):
+        r = client.post("/v1/responses", json={"model": MODEL, "input": [{**item, "encrypted_content": blob}, {"role": "user", "content": "x"}]})
+        assert r.status_code == 400
+        assert_error(r.json())
+
+
+def test_auto_compaction_stream_events(client):
+    names, events = stream(client, {"model": MODEL, "input": history(6), "max_output_tokens": 8, "context_management": [{"type": "compaction", "compact_threshold": 500}]})
+    assert_stream(events, names)
+    kinds = [e["type"] for e in events]
+    assert kinds[:5] == ["response.created", "response.in_progress", "mlx.compaction.started", "mlx.compaction.completed", "response.output_item.added"]
+    started, completed = events[2], events[3]
+    assert started["response_id"] == events[0]["response"]["id"]
+    assert completed["input_tokens_after"] < completed["input_tokens_before"] == started["input_tokens"]
+    final = events[-1]["response"]
+    assert final["output"][0]["type"] == "compaction" and final["output"][1]["type"] == "message"
+
+
+def test_below_threshold_does_not_compact_and_chain_replays(client):
+    first = client.post("/v1/responses", json={"model": MODEL, "input": history(6), "max_output_tokens": 4, "context_management": [{"type": "compaction", "compact_threshold": 500}]}).json()
+    assert first["output"][0]["type"] == "compaction"
+    second = client.post("/v1/responses", json={"model": MODEL, "input": "and then?", "previous_response_id": first["id"], "max_output_tokens": 4, "context_management": [{"type": "compaction", "compact_threshold": 100000}]}).json()
+    assert second["output"][0]["type"] == "message"
+    chained = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": "and then?", "previous_response_id": first["id"]}).json()["input_tokens"]
+    full = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": history(6)}).json()["input_tokens"]
+    assert chained < full
+
+
+def test_compaction_trigger_answers_one_item(client):
+    names, events = stream(client, {"model": MODEL, "input": history(4) + [{"type": "compaction_trigger"}], "store": False})
+    assert_stream(events, names)
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["compaction"]
+    assert events[-1]["type"] == "response.completed"
+
+
+def test_bad_threshold_is_400(client):
+    r = client.post("/v1/responses", json={"model": MODEL, "input": "x", "context_management": [{"type": "compaction", "compact_threshold": 0}]})
+    assert r.status_code == 400
+
+
+def test_background_compaction_failure_fails_job(client):
+    import time
+
+    r = client.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "only"}], "background": True, "context_management": [{"type": "compaction", "compact_threshold": 1}]})
+    assert r.status_code == 200
+    rid = r.json()["id"]
+    for _ in range(200):
+        obj = client.get(f"/v1/responses/{rid}").json()
+        if obj["status"] not in ("queued", "in_progress"):
+            break
+        time.sleep(0.05)
+    assert obj["status"] == "failed" and obj["error"]["code"] == "invalid_prompt"
