@@ -4,8 +4,9 @@
 path goes to the GGUF loader; a folder to mlx-lm's loader. The weights are
 then put in the format chosen for this device (see `device.py`).
 
-mlx is imported lazily, inside `load_model`, so that `kiln.worker.loading.blas`
-(which must run before mlx is imported) can be imported from this package.
+mlx, tokenizers and jinja2 are imported lazily (inside `load_model`, or on
+first use of `Tokenizer`), so that `kiln.worker.loading.blas`, which must run
+before mlx is imported, can be imported from this package cheaply.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .tokenizer import Tokenizer
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.worker.loading")
 
@@ -35,7 +37,7 @@ class LoadedModel:
     """A model ready to generate, and what the worker announces about it."""
 
     model: Any  # mlx.nn.Module (typed loosely so this module imports without mlx)
-    tokenizer: Tokenizer
+    tokenizer: "Tokenizer"
     model_id: str
     aliases: list[str]
     context_window: int
@@ -124,6 +126,15 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
         weights=applied,
         info=info,
     )
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy re-export: importing the tokenizer pulls in tokenizers and jinja2.
+    if name == "Tokenizer":
+        from .tokenizer import Tokenizer
+
+        return Tokenizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

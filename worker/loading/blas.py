@@ -2,56 +2,139 @@
 
 mlx's Linux CPU wheel resolves `cblas_sgemm` & co. from the reference BLAS it
 bundles (~6 GFLOP/s on a 576x576 fp32 matmul). An OpenBLAS preloaded at
-process start wins symbol resolution and runs the same matmul at ~170-200
+process start wins symbol resolution and runs the same matmul at ~60-200
 GFLOP/s. Loading OpenBLAS later (ctypes.CDLL with RTLD_GLOBAL) does not help:
 mlx's library has already bound to its own copy. So the worker re-executes
 itself once, before importing mlx, with LD_PRELOAD naming an OpenBLAS.
+
+Not every OpenBLAS found on disk is usable, and a bad preload kills the
+process before Python starts (missing libgfortran.so.5) or on the first matmul
+(SIGILL: cmeel-openblas 0.3.31 is a SKYLAKEX-only build that uses AVX-512).
+So each candidate is first tried in a throw-away interpreter that calls
+`cblas_sgemm`; the first that works is used. OpenBLAS builds link
+libgfortran.so.5; where the system has none, the copy numpy's wheel bundles is
+exposed under that name through a small symlink folder on LD_LIBRARY_PATH.
 
 This module must not import mlx (directly or indirectly).
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import logging
 import os
-import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
 log = logging.getLogger("kiln.worker.loading")
 
 DISABLE_ENV = "KILN_NO_BLAS_PRELOAD"
-# Set on the re-executed process so that a failed preload cannot loop.
+# Set on the re-executed process so that it never re-executes again.
 _MARKER_ENV = "KILN_BLAS_REEXEC"
 
-# Debian/Ubuntu packages (libopenblas0-pthread / -openmp / -serial) and other distros.
+# Distro packages (Debian/Ubuntu libopenblas0-pthread, Fedora, Arch): built
+# with DYNAMIC_ARCH, so they run on any x86-64/arm64 CPU. Preferred.
 _SYSTEM_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
     "/usr/lib64/libopenblas.so.0",
     "/usr/lib/libopenblas.so.0",
 )
 
+# Calls cblas_sgemm through whatever the dynamic linker bound (the preload).
+_PROBE = """
+import ctypes, sys
+lib = ctypes.CDLL(None)
+n = 64
+A = (ctypes.c_float * (n * n))(*([1.0] * (n * n)))
+C = (ctypes.c_float * (n * n))()
+lib.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+    ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+lib.cblas_sgemm(101, 111, 111, n, n, n, 1.0, A, n, A, n, 0.0, C, n)
+sys.exit(0 if C[0] == n and C[n * n - 1] == n else 3)
+"""
 
-def _site_candidates() -> list[Path]:
-    """cmeel-openblas's library in every site-packages this interpreter uses."""
+
+def _package_dir(name: str) -> Path | None:
+    # find_spec does not import the package (ngsolve_openblas loads libraries on import).
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def _site_dirs() -> list[Path]:
     roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     roots.update(p for p in sys.path if p.endswith("site-packages"))
-    return [Path(root) / "cmeel.prefix" / "lib" / "libopenblas.so.0" for root in sorted(roots)]
+    return [Path(root) for root in sorted(roots)]
 
 
-def find_openblas() -> str | None:
-    """Path of an OpenBLAS shared library with plain `cblas_*` symbols, or None.
+def openblas_candidates() -> list[str]:
+    """Existing OpenBLAS libraries, best first: distro, ngsolve-openblas, cmeel-openblas."""
+    found: list[Path] = [Path(p) for p in _SYSTEM_CANDIDATES]
+    ngsolve = _package_dir("ngsolve_openblas")
+    if ngsolve is not None:
+        found.extend(sorted(ngsolve.glob("libopenblas*.so*")))
+    found.extend(site / "cmeel.prefix" / "lib" / "libopenblas.so.0" for site in _site_dirs())
+    unique: list[str] = []
+    for path in found:
+        if path.is_file():
+            resolved = str(path.resolve())
+            if resolved not in unique:
+                unique.append(resolved)
+    return unique
 
-    cmeel-openblas (a declared dependency on Linux) is preferred because it is
-    present wherever Kiln is pip-installed; a distro OpenBLAS is the fallback.
+
+def _has_system_gfortran() -> bool:
+    try:
+        ctypes.CDLL("libgfortran.so.5")
+    except OSError:
+        return False
+    return True
+
+
+def gfortran_shim_dir() -> str | None:
+    """A folder holding `libgfortran.so.5` (numpy's bundled copy), or None.
+
+    numpy's wheel renames its libgfortran (and the libquadmath it needs, found
+    through $ORIGIN) with a hash; symlinks under the plain names let an
+    OpenBLAS that links `libgfortran.so.5` load.
     """
-    for candidate in [*_site_candidates(), *map(Path, _SYSTEM_CANDIDATES)]:
-        if candidate.is_file():
-            return str(candidate)
+    numpy_dir = _package_dir("numpy")
+    if numpy_dir is None:
+        return None
+    libs = numpy_dir.parent / "numpy.libs"
+    gfortran = sorted(libs.glob("libgfortran*.so*"))
+    if not gfortran:
+        return None
+    for base in (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")), Path(tempfile.gettempdir())):
+        shim = base / "kiln" / f"gfortran-shim-{os.getuid()}"
+        try:
+            shim.mkdir(parents=True, exist_ok=True)
+            _link(shim / "libgfortran.so.5", gfortran[0])
+            for extra in libs.glob("libquadmath*.so*"):
+                _link(shim / extra.name, extra)
+            return str(shim)
+        except OSError:
+            continue
     return None
+
+
+def _link(link: Path, target: Path) -> None:
+    """Point `link` at `target`, atomically replacing a stale link."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
 
 
 def preloaded_openblas(env: Mapping[str, str] | None = None) -> bool:
@@ -60,14 +143,19 @@ def preloaded_openblas(env: Mapping[str, str] | None = None) -> bool:
     return any("openblas" in Path(p).name for p in preload.replace(":", " ").split())
 
 
-def preload_env(library: str, env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of `env` with `library` prepended to LD_PRELOAD and threads defaulted."""
+def preload_env(library: str, env: Mapping[str, str], lib_dir: str | None = None) -> dict[str, str]:
+    """A copy of `env` with `library` first in LD_PRELOAD and threads defaulted.
+
+    `lib_dir`, if given, is prepended to LD_LIBRARY_PATH (the gfortran shim).
+    """
     new = dict(env)
     existing = new.get("LD_PRELOAD", "").strip()
-    new["LD_PRELOAD"] = f"{library} {existing}".strip() if existing else library
-    # The user's choice wins; otherwise use every core we are allowed to run on.
-    if "OPENBLAS_NUM_THREADS" not in new:
-        new["OPENBLAS_NUM_THREADS"] = str(_usable_cores())
+    new["LD_PRELOAD"] = f"{library} {existing}".strip()
+    if lib_dir:
+        paths = [lib_dir, *[p for p in new.get("LD_LIBRARY_PATH", "").split(":") if p]]
+        new["LD_LIBRARY_PATH"] = ":".join(paths)
+    # The user's choice wins; otherwise use every core we may run on.
+    new.setdefault("OPENBLAS_NUM_THREADS", str(_usable_cores()))
     new[_MARKER_ENV] = "1"
     return new
 
@@ -79,8 +167,46 @@ def _usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def probe(env: Mapping[str, str], timeout: float = 20.0) -> bool:
+    """Whether an interpreter started with `env` can run cblas_sgemm."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-S", "-I", "-c", _PROBE],
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def find_openblas() -> str | None:
+    """Path of an OpenBLAS that really works when preloaded here, or None.
+
+    Runs one short probe process per candidate until one succeeds.
+    """
+    usable = _usable_preload()
+    return usable[0] if usable else None
+
+
+def _usable_preload() -> tuple[str, dict[str, str]] | None:
+    """The first working candidate and the environment that makes it work."""
+    base = {k: v for k, v in os.environ.items() if k != _MARKER_ENV}
+    shim: str | None = None if _has_system_gfortran() else gfortran_shim_dir()
+    for library in openblas_candidates():
+        env = preload_env(library, base, shim)
+        if probe(env):
+            return library, env
+        log.debug("OpenBLAS candidate %s failed its probe", library)
+    return None
+
+
 def should_reexec(env: Mapping[str, str] | None = None) -> bool:
-    """Whether `reexec_with_openblas` would re-execute (ignoring library presence)."""
+    """Whether `reexec_with_openblas` would try to re-execute (before probing)."""
     env = os.environ if env is None else env
     return (
         sys.platform.startswith("linux")
@@ -92,34 +218,40 @@ def should_reexec(env: Mapping[str, str] | None = None) -> bool:
 
 
 def reexec_with_openblas(argv: Sequence[str] | None = None) -> None:
-    """Re-execute this process with OpenBLAS preloaded, when useful; else return.
+    """Re-execute this process with a working OpenBLAS preloaded; else return.
 
-    Call at the very start of the worker's entry point, before mlx is imported.
-    `argv` is the full command line to re-run, `argv[0]` being an executable
-    (a path, or a name looked up on PATH); the default re-runs the current
-    interpreter with its original options (`python -m ...` included). Returns without doing anything on
-    non-Linux systems, when KILN_NO_BLAS_PRELOAD is set, when LD_PRELOAD
-    already holds an OpenBLAS, or when no OpenBLAS is found. On success it
+    Call at the very start of the entry point, before mlx is imported.
+    `argv` is the full command line to re-run (argv[0] an executable); None or
+    `sys.argv` re-runs the current interpreter with its original options
+    (`python -m ...` included). Returns without doing anything off Linux, when
+    KILN_NO_BLAS_PRELOAD is set, when LD_PRELOAD already holds an OpenBLAS,
+    after a re-execution, or when no candidate passes its probe. On success it
     does not return.
     """
     if not should_reexec():
         return
-    library = find_openblas()
-    if library is None:
-        log.info("no OpenBLAS found; mlx will use its bundled reference BLAS (slow on CPU)")
+    found = _usable_preload()
+    if found is None:
+        log.warning("no usable OpenBLAS found; mlx uses its slow reference BLAS on this CPU")
         return
-    args = list(argv) if argv is not None else _current_command()
-    args[0] = shutil.which(args[0]) or args[0]
+    library, env = found
+    if argv is None or list(argv) == sys.argv:
+        args = _current_command()
+    else:
+        args = list(argv)
     log.info("re-executing with LD_PRELOAD=%s", library)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(args[0], args, preload_env(library, os.environ))
+    try:
+        os.execve(args[0], args, env)
+    except OSError as exc:
+        log.warning("could not re-execute with OpenBLAS (%s); continuing without it", exc)
 
 
 def _current_command() -> list[str]:
     """The command line that started this interpreter, runnable by execve.
 
-    `sys.orig_argv` (3.10+) holds the interpreter's own options and `-m mod`,
+    `sys.orig_argv` (3.10+) keeps the interpreter's own options and `-m mod`,
     which `sys.argv` loses.
     """
     orig = list(getattr(sys, "orig_argv", []) or [])

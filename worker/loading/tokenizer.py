@@ -72,7 +72,10 @@ class Tokenizer:
             hf,
             chat_template=str(template) if template else None,
             bos_token_id=special_token_id(md, "bos"),
-            eos_token_ids=[i for i in (special_token_id(md, "eos"),) if i is not None],
+            # eot/eom: end-of-turn / end-of-message ids that llama.cpp also stops on.
+            eos_token_ids=[
+                i for i in (special_token_id(md, n) for n in ("eos", "eot", "eom")) if i is not None
+            ],
         )
 
     @classmethod
@@ -199,7 +202,9 @@ class Tokenizer:
 
 def _is_byte_level(hf: HFTokenizer) -> bool:
     """True when the decoder is GPT-2 byte-level (alone or in a sequence)."""
-    decoder = json.loads(hf.to_str()).get("decoder") or {}
+    if hf.decoder is None:
+        return False
+    decoder = json.loads(hf.decoder.__getstate__())
     parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
     return any(p.get("type") == "ByteLevel" for p in parts)
 
