@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
+from kiln.gateway.cli import hosted_options, hosted_settings
+
+from .admin import keys, orgs
 from .logs import configure
+
+# Hosted settings reach the gateway child as environment variables (not argv, where a database
+# password or the admin token would show in `ps`).
+_HOSTED_ENV = {
+    "auth": "KILN_AUTH",
+    "database_url": "KILN_DATABASE_URL",
+    "catalog_path": "KILN_CATALOG",
+    "redis_url": "KILN_REDIS_URL",
+    "redis_namespace": "KILN_REDIS_NAMESPACE",
+    "admin_token": "KILN_ADMIN_TOKEN",
+    "allow_public_no_auth": "KILN_ALLOW_PUBLIC_NO_AUTH",
+}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -21,7 +38,8 @@ def main() -> None:
 @click.option("--workers-bind", default="tcp://127.0.0.1:5555", show_default=True, envvar="KILN_WORKERS_BIND", help="ZeroMQ address between gateway and workers.")
 @click.option("--engine", type=click.Choice(["mlx", "scripted"]), default="mlx", show_default=True, envvar="KILN_ENGINE", help="scripted: weightless engine for tests and overhead benchmarks.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
-def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str, engine: str, log_level: str) -> None:
+@hosted_options
+def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str, engine: str, log_level: str, **hosted_opts) -> None:
     """Start a gateway and WORKERS workers; restart workers that die; stop all on Ctrl-C.
 
     Every other gateway and worker setting reaches the children through its KILN_... environment
@@ -30,6 +48,13 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
     from .supervisor import build
 
     configure(log_level)
+    for name, value in hosted_settings(host, hosted_opts).items():
+        if name == "catalog_path" and value:
+            value = os.path.abspath(value)
+        if value in (None, False):
+            os.environ.pop(_HOSTED_ENV[name], None)
+        else:
+            os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
     gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--log-level", log_level]
     worker_args = ["--gateway", workers_bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"), "--engine", engine, "--log-level", log_level]
     if model:
@@ -38,3 +63,7 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
         worker_args += ["--model-alias", alias]
     click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops", err=True)
     raise SystemExit(build(gateway_args=gateway_args, worker_args=worker_args, workers=workers).run())
+
+
+main.add_command(orgs)
+main.add_command(keys)

@@ -1,0 +1,164 @@
+"""The hosted mode's state in one object: database, authenticator, meter, limiter, catalog, maintenance.
+
+``create_app`` builds one ``Accounts`` when ``--auth keys`` is on, opens it in the lifespan and hands
+it to ``AccountsMiddleware`` (the request path) and the hosted routes (routes/usage.py). Nothing here
+speaks HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from decimal import Decimal
+
+from sqlalchemy.exc import OperationalError
+
+from .auth import Authenticator
+from .catalog import Catalog
+from .db import Database
+from .limits import ConcurrencyLimiter, InMemoryLimiter
+from .metering import Meter, UsageEvent, UsageRecord
+
+log = logging.getLogger("kiln.gateway.accounts")
+
+AUTH_MODES = ("none", "keys")
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost; 0.0.0.0, :: and real addresses are public."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def public_bind_refusal(host: str, auth: str, allow_public_no_auth: bool) -> str | None:
+    """The message to refuse starting with, or None when the combination is safe (or allowed)."""
+    if auth != "none" or allow_public_no_auth or is_loopback(host):
+        return None
+    return (
+        f"refusing to listen on {host} with --auth none: anyone who can reach this address could use "
+        "the models. Use --auth keys (with --database-url) for a public gateway, bind 127.0.0.1, or "
+        "pass --allow-public-no-auth (env KILN_ALLOW_PUBLIC_NO_AUTH=1) if the network in front of it "
+        "already restricts access."
+    )
+
+
+class _FreeCatalog(Catalog):
+    """No --catalog: every model the workers serve is allowed and costs nothing (tokens are still
+    metered)."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+
+    def __contains__(self, model: object) -> bool:
+        return isinstance(model, str)
+
+    def cost(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> Decimal:
+        return Decimal(0)
+
+
+class Accounts:
+    """Everything the hosted request path needs, opened once per gateway process."""
+
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        catalog_path: str | None = None,
+        redis_url: str | None = None,
+        redis_namespace: str = "kiln",
+        admin_token: str | None = None,
+        auth_cache_ttl: float = 2.0,
+        max_body_bytes: int = 32 << 20,
+    ) -> None:
+        self.database_url = database_url
+        self.redis_url = redis_url
+        self.redis_namespace = redis_namespace
+        self.admin_token = admin_token or None
+        self.auth_cache_ttl = auth_cache_ttl
+        self.max_body_bytes = max_body_bytes
+        # Loaded now, not in the lifespan, so that a malformed catalog stops the CLI before it binds.
+        self.catalog: Catalog | None = Catalog.load(catalog_path) if catalog_path else None
+        self.maintenance = False
+        self.maintenance_retry_after = 60
+        self.db: Database | None = None
+        self.auth: Authenticator | None = None
+        self.meter: Meter | None = None
+        self.limiter: ConcurrencyLimiter | None = None
+        self._write_lock: asyncio.Lock | None = None
+
+    @classmethod
+    def from_settings(cls, settings) -> Accounts:
+        if not settings.database_url:
+            raise ValueError("--auth keys needs --database-url (env KILN_DATABASE_URL)")
+        if getattr(settings, "store_mode", "none") != "none":
+            log.warning(
+                "--auth keys with the response store on: stored responses are not scoped to an "
+                "organization; the hosted contract runs with --store none"
+            )
+        return cls(
+            settings.database_url,
+            catalog_path=settings.catalog_path,
+            redis_url=settings.redis_url,
+            redis_namespace=settings.redis_namespace,
+            admin_token=settings.admin_token,
+            auth_cache_ttl=settings.auth_cache_ttl,
+            max_body_bytes=settings.max_body_bytes,
+        )
+
+    def has_model(self, model: str) -> bool:
+        """Whether the catalog lists ``model`` (always true without a catalog)."""
+        return self.catalog is None or model in self.catalog
+
+    async def open(self) -> None:
+        self.db = await Database.open(self.database_url)
+        self.auth = Authenticator(self.db, cache_ttl=self.auth_cache_ttl)
+        self.meter = Meter(self.db, self.catalog if self.catalog is not None else _FreeCatalog())
+        self._write_lock = asyncio.Lock() if self.db.dialect == "sqlite" else None
+        if self.redis_url:
+            from .limits_redis import RedisLimiter
+
+            self.limiter = RedisLimiter.from_url(self.redis_url, namespace=self.redis_namespace)
+        else:
+            self.limiter = InMemoryLimiter()
+        log.info(
+            "hosted accounts ready",
+            extra={
+                "database": self.db.dialect,
+                "catalog": self.catalog.models() if self.catalog is not None else None,
+                "limiter": "redis" if self.redis_url else "memory",
+            },
+        )
+
+    async def record(self, record: UsageRecord, *, attempts: int = 6) -> UsageEvent:
+        """Write one usage event (and its debit), retrying a busy database.
+
+        On SQLite the writes of this process go one at a time: concurrent deferred transactions in
+        WAL mode can fail at once with "database is locked" (the busy timeout does not apply when a
+        read snapshot must be upgraded). A retry is safe: the failed transaction rolled back, and
+        ``Meter.record`` is idempotent per generation id."""
+        delay = 0.02
+        for attempt in range(attempts):
+            try:
+                if self._write_lock is None:
+                    return await self.meter.record(record)
+                async with self._write_lock:
+                    return await self.meter.record(record)
+            except OperationalError:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("usage write failed; retrying", extra={"generation_id": record.generation_id, "attempt": attempt + 1})
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        if self.limiter is not None:
+            await self.limiter.close()
+        if self.db is not None:
+            await self.db.close()
