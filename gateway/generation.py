@@ -42,6 +42,8 @@ class Generation:
         self.model = model
         self.channel: Channel | None = None
         self.cancelled = False
+        # Who may see this response (the organization in hosted mode; None when auth is off).
+        self.owner: Any = None
         # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
         self.item_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         # What the worker renders: ``body["input"]`` with compaction items expanded.

@@ -15,7 +15,7 @@ from typing import Any
 from . import compaction
 from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens
-from .history import TERMINAL, conversation_id, expand
+from .history import TERMINAL, conversation_id, conversation_key, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
 from .sealing import SealError, Sealer
 from .settings import Settings
@@ -71,7 +71,7 @@ class ResponsesService:
         self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
 
     # -- create ----------------------------------------------------------------------------------
-    def prepare(self, body: dict) -> tuple[Generation, list[dict]]:
+    def prepare(self, body: dict, owner: Any = None) -> tuple[Generation, list[dict]]:
         """Resolve the model and history; everything that can refuse the request happens here."""
         model = self.pool.resolve(body["model"])
         if model is None:
@@ -80,13 +80,14 @@ class ResponsesService:
         if body["background"]:
             self._check_background_allowed()
         own_input = _with_ids(self.unseal_items(body["input"]))
-        history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode)
+        history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
         body["input"] = self.reasoning_echo.restore(history + own_input)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         threshold = compaction.compaction_settings(body)
         response = ResponseObject(new_response_id(), body, model)
         generation = Generation(self.pool, response, body, model)
+        generation.owner = owner
         generation.wire_input = compaction.expand_items(body["input"], self.sealer)
         generation.compact_threshold = threshold
         if "reasoning.encrypted_content" in (body.get("include") or []):
@@ -178,9 +179,9 @@ class ResponsesService:
 
     def finish_foreground(self, generation: Generation, own_input: list[dict]) -> None:
         self.inflight.pop(generation.response.id, None)
-        self._persist(generation.response, generation.body, own_input)
+        self._persist(generation.response, generation.body, own_input, owner=generation.owner)
 
-    def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, background: bool = False) -> None:
+    def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, background: bool = False, owner: Any = None) -> None:
         snapshot = response.snapshot()
         if snapshot.get("usage") is None:
             snapshot["usage"] = zero_usage()
@@ -188,17 +189,17 @@ class ResponsesService:
         if response.status in ("completed", "incomplete") and snapshot["output"]:
             conv = conversation_id(body.get("conversation"))
             if conv is not None:
-                self.conversations.append(conv, own_input + [_strip_status(i) for i in snapshot["output"]])
+                self.conversations.append(conversation_key(conv, owner), own_input + [_strip_status(i) for i in snapshot["output"]])
         if self.store is None:
             return
         ephemeral = background and not body.get("store", True)
         if not body.get("store", True) and not ephemeral:
             return
-        stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral)
+        stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
         if not self.store.put(stored) and background:
             # Too large for the budget: keep a failed stub so that a poll still gets an answer.
             stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
-            self.store.put(StoredResponse(stub, [], ephemeral=ephemeral))
+            self.store.put(StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner}))
 
     # -- background ------------------------------------------------------------------------------
     async def start_background(self, generation: Generation, own_input: list[dict]) -> dict:
@@ -212,7 +213,7 @@ class ResponsesService:
             raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded")
         if worker.overloaded():
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
-        job = Job(response, generation, generation.body["input"], own_input, reserved)
+        job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
         self.jobs.admit(job)
         job.task = asyncio.create_task(self._run_job(job), name=f"kiln-job-{response.id}")
         return job_view(response)
@@ -243,7 +244,7 @@ class ResponsesService:
             if response.status not in TERMINAL:
                 response.cancel() if generation.cancelled else response.fail("server_error", "generation ended without a result")
             self.jobs.release(response.id)
-            self._persist(response, generation.body, job.own_input, background=True)
+            self._persist(response, generation.body, job.own_input, background=True, owner=generation.owner)
 
     # -- retrieve / cancel / delete --------------------------------------------------------------
     def _require_store(self) -> ResponseStore:
@@ -253,41 +254,49 @@ class ResponsesService:
             raise invalid("The response store is disabled on this server (--responses-store-max-entries 0).")
         return self.store
 
-    def get(self, response_id: str) -> dict:
+    def _lookup(self, response_id: str, owner: Any) -> tuple[Job | None, Generation | None, StoredResponse | None]:
+        """What the id names, as far as ``owner`` may see it (another tenant's ids are unknown)."""
         store = self._require_store()
         job = self.jobs.get(response_id)
+        if job is not None and job.extra.get("owner") != owner:
+            job = None
+        generation = self.inflight.get(response_id)
+        if generation is not None and generation.owner != owner:
+            generation = None
+        stored = store.get(response_id)
+        if stored is not None and stored.extra.get("owner") != owner:
+            stored = None
+        return job, generation, stored
+
+    def get(self, response_id: str, owner: Any = None) -> dict:
+        job, generation, stored = self._lookup(response_id, owner)
         if job is not None:
             return job_view(job.response)
-        generation = self.inflight.get(response_id)
         if generation is not None and generation.body.get("store", True):
             return generation.response.snapshot()
-        stored = store.get(response_id)
         if stored is None:
             raise _not_found(response_id)
         return stored.response
 
-    def input_items(self, response_id: str) -> list[dict]:
-        store = self._require_store()
-        job = self.jobs.get(response_id)
+    def input_items(self, response_id: str, owner: Any = None) -> list[dict]:
+        job, _, stored = self._lookup(response_id, owner)
         if job is not None:
             return job.input_items
-        stored = store.get(response_id)
         if stored is None:
             raise _not_found(response_id)
         return stored.input_items
 
-    def delete(self, response_id: str) -> dict:
-        store = self._require_store()
-        job = self.jobs.get(response_id)
+    def delete(self, response_id: str, owner: Any = None) -> dict:
+        job, _, stored = self._lookup(response_id, owner)
         if job is not None:
             raise invalid(f"Response '{response_id}' is still running (status: {job.response.status}); cancel it first.")
-        if not store.delete(response_id):
+        if stored is None or not self._require_store().delete(response_id):
             raise _not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
-    async def cancel(self, response_id: str) -> dict:
+    async def cancel(self, response_id: str, owner: Any = None) -> dict:
         store = self._require_store()
-        job = self.jobs.get(response_id)
+        job, generation, stored = self._lookup(response_id, owner)
         if job is not None:
             job.generation.cancel()
             if job.task is not None:
@@ -298,12 +307,10 @@ class ResponsesService:
                     pass
             stored = store.get(response_id)
             return stored.response if stored is not None else job_view(job.response)
-        generation = self.inflight.get(response_id)
         if generation is not None:
             generation.cancel()
             generation.response.cancel()
             return generation.response.snapshot()
-        stored = store.get(response_id)
         if stored is None:
             raise _not_found(response_id)
         if stored.response.get("status") == "cancelled":

@@ -21,6 +21,12 @@ def _service(request: Request) -> ResponsesService:
     return request.app.state.responses
 
 
+def _owner(request: Request) -> object:
+    """The organization of an authenticated request (hosted mode); None when auth is off."""
+    principal = request.scope.get("kiln.principal")
+    return getattr(principal, "org_id", None)
+
+
 async def _body(request: Request) -> dict:
     settings = request.app.state.settings
     return validate_create(await read_json(request, settings.max_body_bytes), hosted_tools=settings.hosted_tools)
@@ -29,7 +35,7 @@ async def _body(request: Request) -> dict:
 async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await _body(request)
-    generation, own_input = service.prepare(body)
+    generation, own_input = service.prepare(body, _owner(request))
     if body["background"]:
         return JSONResponse(await service.start_background(generation, own_input))
     await service.start_foreground(generation)
@@ -71,19 +77,19 @@ async def _stream(service: ResponsesService, generation: Generation, own_input: 
 
 
 async def get_response(request: Request) -> Response:
-    return JSONResponse(_service(request).get(request.path_params["response_id"]))
+    return JSONResponse(_service(request).get(request.path_params["response_id"], _owner(request)))
 
 
 async def delete_response(request: Request) -> Response:
-    return JSONResponse(_service(request).delete(request.path_params["response_id"]))
+    return JSONResponse(_service(request).delete(request.path_params["response_id"], _owner(request)))
 
 
 async def cancel_response(request: Request) -> Response:
-    return JSONResponse(await _service(request).cancel(request.path_params["response_id"]))
+    return JSONResponse(await _service(request).cancel(request.path_params["response_id"], _owner(request)))
 
 
 async def list_input_items(request: Request) -> Response:
-    items = _service(request).input_items(request.path_params["response_id"])
+    items = _service(request).input_items(request.path_params["response_id"], _owner(request))
     params = request.query_params
     order = params.get("order", "desc")
     if order not in ("asc", "desc"):
@@ -136,7 +142,7 @@ async def input_tokens(request: Request) -> Response:
     if model is None:
         raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
     body["model"] = model
-    history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode)
+    history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
     body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"])), service.sealer)
     count = await count_tokens(service.pool, body, model)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
