@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
     p.add_argument("--blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for every peer (default: each server's own, the usable core count); 1 helps on a machine shared with other work")
     p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp folder)")
+    p.add_argument("--kiln-arg", action="append", default=[], help="extra argument for `kiln serve` (repeatable), e.g. --kiln-arg=--model --kiln-arg=PATH to serve the same folder the mlx_lm peers use")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a server to come up")
     opts = p.parse_args(argv)
     if opts.runs is None:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     for p in peers:
         try:
-            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads)
+            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, kiln_args=opts.kiln_arg)
             specs_ok[p] = spec.note
         except PeerUnavailable as exc:
             skipped[p] = str(exc)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for run in range(opts.runs):
         for p in active:
-            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads)  # fresh ports each start
+            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, kiln_args=opts.kiln_arg)  # fresh ports each start
             progress(f"{p} run {run + 1}/{opts.runs}: starting ({spec.note})")
             t0 = time.perf_counter()
             try:

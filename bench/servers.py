@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def _kiln_exe() -> list[str]:
     exe = Path(sys.executable).with_name("kiln")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "kiln.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "kiln"]
 
 
 @dataclass
@@ -85,7 +85,11 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
             env["KILN_SCRIPTED_DELAY"] = str(scripted_delay)
             env["KILN_SCRIPTED_REPLY"] = scripted_reply if scripted_reply is not None else _long_reply()
             return ServerSpec(name, argv, "responses", "kiln-scripted", port, env, note=f"scripted engine, {scripted_delay * 1000:.0f} ms/token")
-        return ServerSpec(name, argv, "responses", "smollm2-135m-instruct", port, env, note="bundled GGUF, worker default weights (float32 on CPU)")
+        model = "smollm2-135m-instruct"
+        if kiln_args and "--model" in kiln_args:
+            model = Path(kiln_args[kiln_args.index("--model") + 1]).name
+            return ServerSpec(name, argv, "responses", model, port, env, note=f"{model}, worker default weights")
+        return ServerSpec(name, argv, "responses", model, port, env, note="bundled GGUF, worker default weights (float32 on CPU)")
     if name in ("mlx_lm_f32", "mlx_lm_q4"):
         if importlib.util.find_spec("mlx_lm") is None:
             raise PeerUnavailable("mlx-lm is not installed")
