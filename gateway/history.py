@@ -37,7 +37,10 @@ def previous_history(previous_id: str, store: ResponseStore, jobs: JobRegistry, 
     status = stored.response.get("status")
     if status not in TERMINAL:
         raise invalid(f"previous response '{previous_id}' has not finished (status: {status})", param="previous_response_id")
-    return list(stored.input_items) + [_as_input(item) for item in stored.response.get("output") or []]
+    # A compaction item in the output is already part of the stored input (auto-compaction
+    # rewrote the input before generating), so it is not replayed twice.
+    output = [item for item in stored.response.get("output") or [] if item.get("type") != "compaction"]
+    return list(stored.input_items) + [_as_input(item) for item in output]
 
 
 def _as_input(item: dict) -> dict:

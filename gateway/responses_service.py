@@ -81,7 +81,7 @@ class ResponsesService:
             self._check_background_allowed()
         own_input = _with_ids(self.unseal_items(body["input"]))
         history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
-        body["input"] = self.reasoning_echo.restore(history + own_input)
+        body["input"] = self.reasoning_echo.restore(history + own_input, owner)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         threshold = compaction.compaction_settings(body)
@@ -185,11 +185,17 @@ class ResponsesService:
         snapshot = response.snapshot()
         if snapshot.get("usage") is None:
             snapshot["usage"] = zero_usage()
-        self.reasoning_echo.remember(snapshot["output"])
+        self.reasoning_echo.remember(snapshot["output"], owner)
         if response.status in ("completed", "incomplete") and snapshot["output"]:
             conv = conversation_id(body.get("conversation"))
             if conv is not None:
-                self.conversations.append(conversation_key(conv, owner), own_input + [_strip_status(i) for i in snapshot["output"]])
+                key = conversation_key(conv, owner)
+                output = [_strip_status(i) for i in snapshot["output"]]
+                if output and output[0].get("type") == "compaction":
+                    # Auto-compaction rewrote the history: the transcript becomes the compacted one.
+                    self.conversations.replace(key, body["input"] + output[1:])
+                else:
+                    self.conversations.append(key, own_input + output)
         if self.store is None:
             return
         ephemeral = background and not body.get("store", True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ApiError, invalid
-from .schema_check import check_text_format
+from .schema_check import check_json_schema, check_text_format
 
 HOSTED_TOOL_TYPES = frozenset(
     {
@@ -196,6 +196,8 @@ def _check_function(tool: dict, param: str) -> None:
     params = tool.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise invalid(f"Invalid type for '{param}.parameters': expected an object.", param=f"{param}.parameters")
+    if params:
+        check_json_schema(params, param=f"{param}.parameters")
 
 
 def function_names(tools: list[dict]) -> set[str]:

@@ -155,8 +155,13 @@ class GenerationService:
         except ValueError as exc:
             emit(Failed(req_id, 400, "invalid_request_error", str(exc), "text.format"))
             return
-        router = self.router_factory(body, text) if self.router_factory else None
-        run = _Run(self, req_id, emit, body, params, len(prompt), router)
+        try:
+            router = self.router_factory(body, text) if self.router_factory else None
+            run = _Run(self, req_id, emit, body, params, len(prompt), router)
+        except Exception as exc:  # a broken parser setup fails this request, not the worker
+            log.exception("could not prepare output parsing")
+            emit(Failed(req_id, 500, "server_error", f"output parsing could not be set up: {exc}"))
+            return
         request = EngineRequest(
             prompt=prompt,
             params=params,

@@ -23,9 +23,15 @@ def model_extras(tokenizer: Any, options: dict) -> dict[str, Any]:
             return None
         return render_tools_system_prompt(function_tools(body.get("tools") or []), body.get("tool_choice", "auto"), body.get("parallel_tool_calls", True)) or None
 
+    parser_for(template, override=override)  # an unknown --tool-parser fails at start, not per request
+
     def router_factory(body: dict, prompt_text: str):
         tools = function_tools(body.get("tools") or [])
-        return make_router(prompt_text, tools=tools, tool_choice=body.get("tool_choice", "auto"), parser_factory=partial(_parser, template, override))
+        choice = body.get("tool_choice", "auto")
+        # A forced call is generated in the Hermes syntax the grammar spells out, whatever the
+        # model's own format, so it is parsed as Hermes.
+        chosen = "hermes" if forced_choice(tools, choice) else override
+        return make_router(prompt_text, tools=tools, tool_choice=choice, parser_factory=partial(_parser, template, chosen))
 
     constraints = Constraints(tokenizer)
     return {
@@ -72,7 +78,7 @@ class Constraints:
 
         choice = body.get("tool_choice", "auto")
         tools = function_tools(body.get("tools") or [])
-        forced = tools and (choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"))
+        forced = forced_choice(tools, choice)
         fmt = (body.get("text") or {}).get("format")
         if not forced and (not fmt or fmt.get("type", "text") == "text"):
             return []
@@ -83,6 +89,11 @@ class Constraints:
             return [self.compiler().processor_for(fmt)]
         except GrammarError as exc:
             raise ValueError(str(exc)) from exc
+
+
+def forced_choice(tools: list[dict], choice: Any) -> bool:
+    """``tool_choice`` demands a call: "required" or a named function."""
+    return bool(tools) and (choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"))
 
 
 def _parser(template: str, override: str | None, tools: list[dict]):

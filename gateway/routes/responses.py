@@ -38,10 +38,11 @@ async def create_response(request: Request) -> Response:
     generation, own_input = service.prepare(body, _owner(request))
     if body["background"]:
         return JSONResponse(await service.start_background(generation, own_input))
+    opening = generation.response.snapshot()  # as it stands before any compaction work
     await service.start_foreground(generation)
     if body["stream"]:
         return StreamingResponse(
-            _stream(service, generation, own_input),
+            _stream(service, generation, own_input, opening),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -55,14 +56,14 @@ async def create_response(request: Request) -> Response:
     return JSONResponse(generation.response.snapshot())
 
 
-async def _stream(service: ResponsesService, generation: Generation, own_input: list[dict]) -> AsyncIterator[bytes]:
+async def _stream(service: ResponsesService, generation: Generation, own_input: list[dict], opening: dict) -> AsyncIterator[bytes]:
     """The SSE body. If the client goes away Starlette cancels this generator; the ``finally``
     in ``Generation.events`` then tells the worker to stop."""
     seq = EventSequencer()
     response = generation.response
     try:
-        yield seq.frame({"type": "response.created", "response": response.snapshot()})
-        yield seq.frame({"type": "response.in_progress", "response": response.snapshot()})
+        yield seq.frame({"type": "response.created", "response": opening})
+        yield seq.frame({"type": "response.in_progress", "response": opening})
         try:
             async for event in generation.events():
                 yield seq.frame(event)
@@ -143,6 +144,6 @@ async def input_tokens(request: Request) -> Response:
         raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
     body["model"] = model
     history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-    body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"])), service.sealer)
+    body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
     count = await count_tokens(service.pool, body, model)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": count})

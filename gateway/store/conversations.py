@@ -21,3 +21,7 @@ class ConversationStore:
     def append(self, conversation_id: str, items: list[dict[str, Any]]) -> None:
         transcript = (self._lru.get(conversation_id) or []) + items
         self._lru.resize(conversation_id, transcript, approx_bytes(transcript))
+
+    def replace(self, conversation_id: str, items: list[dict[str, Any]]) -> None:
+        """Swap the transcript for a compacted one."""
+        self._lru.resize(conversation_id, list(items), approx_bytes(items))
