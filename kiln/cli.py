@@ -7,6 +7,7 @@ import os
 import click
 
 from kiln.gateway.cli import hosted_options, hosted_settings
+from kiln.gateway.store.options import store_args, store_options, store_settings
 
 from .admin import keys, orgs
 from .logs import configure
@@ -37,9 +38,11 @@ def main() -> None:
 @click.option("--workers", default=1, show_default=True, type=int, envvar="KILN_WORKERS", help="Worker processes to start (each loads the model).")
 @click.option("--workers-bind", default="tcp://127.0.0.1:5555", show_default=True, envvar="KILN_WORKERS_BIND", help="ZeroMQ address between gateway and workers.")
 @click.option("--engine", type=click.Choice(["mlx", "scripted"]), default="mlx", show_default=True, envvar="KILN_ENGINE", help="scripted: weightless engine for tests and overhead benchmarks.")
+@click.option("--hosted-tools", type=click.Choice(["reject", "drop"]), default="reject", show_default=True, envvar="KILN_HOSTED_TOOLS", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
+@store_options
 @hosted_options
-def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str, engine: str, log_level: str, **hosted_opts) -> None:
+def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str, engine: str, hosted_tools: str, log_level: str, **hosted_opts) -> None:
     """Start a gateway and WORKERS workers; restart workers that die; stop all on Ctrl-C.
 
     Every other gateway and worker setting reaches the children through its KILN_... environment
@@ -48,6 +51,8 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
     from .supervisor import build
 
     configure(log_level)
+    store_opts = {k: hosted_opts.pop(k) for k in list(hosted_opts) if k == "store_mode" or k.startswith(("responses_", "conversation_"))}
+    store_settings(dict(store_opts))  # validates (e.g. the ephemeral TTL) before anything starts
     for name, value in hosted_settings(host, hosted_opts).items():
         if name == "catalog_path" and value:
             value = os.path.abspath(value)
@@ -55,7 +60,9 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
             os.environ.pop(_HOSTED_ENV[name], None)
         else:
             os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
-    gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--log-level", log_level]
+    gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--hosted-tools", hosted_tools, "--log-level", log_level, *store_args(store_opts)]
+    # Workers share the cores: each gets its share of BLAS threads unless the user chose.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, workers))))
     worker_args = ["--gateway", workers_bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"), "--engine", engine, "--log-level", log_level]
     if model:
         worker_args += ["--model", model]
