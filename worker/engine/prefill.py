@@ -1,0 +1,106 @@
+"""Prompt processing: pushing admitted requests' prompts through the model.
+
+Why chunks: a long prompt prefilled in one forward pass would stall every decoding
+request for its whole duration, so the scheduler interleaves one decode step with about
+prefill_chunk prompt tokens. A long prompt prefills alone into a plain KVCache (no
+padding waste), chunk by chunk, starting from whatever prefix the prefix cache holds.
+
+Why short prompts go together: a forward pass over a few tokens costs about as much as
+one over a single token (it is bound by reading the weights), so several short
+remainders (new chats, or long conversations mostly served from the prefix cache) are
+right-padded into one batched pass, as mlx-lm's PromptProcessingBatch does.
+
+Either way the last prompt token is left for the decode batch, whose first step for the
+row produces the first output token.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+from .cache import PrefixCache
+from .types import EngineRequest
+
+# Remainders up to this many tokens are prefilled in one batched pass.
+SHORT_PREFILL = 64
+
+
+class Prefill:
+    """Prefill state of one admitted request."""
+
+    def __init__(self, handle: int, req: EngineRequest, chunk: int) -> None:
+        self.handle = handle
+        self.req = req
+        self.chunk = max(1, chunk)
+        self.cache: list[KVCache] | None = None
+        self.pos = 0  # prompt positions already in self.cache
+        self.cached = 0  # of which served by the prefix cache
+        self.solo = False  # set after a batched pass containing it failed: retry alone
+
+    @property
+    def begun(self) -> bool:
+        return self.cache is not None
+
+    def begin(self, model: nn.Module, prefix: PrefixCache | None) -> None:
+        """Take the longest cached prefix (looked up now, not at submit, so it can use
+        entries that requests ahead of it in the queue have just stored)."""
+        cache, n = prefix.lookup(self.req.prompt) if prefix is not None else (None, 0)
+        self.cache = cache if cache is not None else make_prompt_cache(model)
+        self.pos = self.cached = n
+        self.req.cached_tokens = n
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to prefill (the last one is fed by the decode batch)."""
+        return len(self.req.prompt) - 1 - self.pos
+
+    @property
+    def short(self) -> bool:
+        """Whether the rest fits one pass that may be batched with other requests."""
+        return self.remaining <= min(SHORT_PREFILL, self.chunk)
+
+    def next_chunk(self) -> int:
+        """Size of the next chunk; chunk boundaries depend only on this request."""
+        return min(self.chunk, self.remaining)
+
+    def run_chunk(self, model: nn.Module) -> int:
+        """Push the next chunk through the model (KV only, no logits); tokens done."""
+        n = self.next_chunk()
+        tokens = mx.array(self.req.prompt[self.pos : self.pos + n], dtype=mx.uint32)
+        model(tokens[None], cache=self.cache)  # logits stay lazy and are never computed
+        mx.eval([c.state for c in self.cache])
+        self.pos += n
+        return n
+
+    def batch_cache(self) -> list[BatchKVCache]:
+        """This request's cache as a one-row batch cache, ready to join the decode batch."""
+        return [c.merge([c]) for c in self.cache]
+
+
+def prefill_together(model: nn.Module, group: list[Prefill]) -> list[BatchKVCache]:
+    """Finish the prefill of several requests in one right-padded pass.
+
+    Returns one batch cache per layer holding the group's rows in order (left-padded,
+    as the decode batch expects). Each request's own cache is left untouched.
+    """
+    caches = [c.merge(list(layer)) for c, layer in zip(group[0].cache, zip(*(p.cache for p in group)))]
+    chunks = [p.req.prompt[p.pos : len(p.req.prompt) - 1] for p in group]
+    lengths = [len(c) for c in chunks]
+    width = max(lengths)
+    if width == 0:
+        return caches
+    padding = [width - n for n in lengths]
+    tokens = mx.array([c + [0] * (width - len(c)) for c in chunks], dtype=mx.uint32)
+    if max(padding) > 0:
+        for c in caches:
+            c.prepare(lengths=lengths, right_padding=padding)
+    model(tokens, cache=caches)  # logits stay lazy and are never computed
+    if max(padding) > 0:
+        for c in caches:
+            c.finalize()
+    mx.eval([c.state for c in caches])
+    for p in group:
+        p.pos = len(p.req.prompt) - 1
+    return caches

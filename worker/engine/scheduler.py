@@ -1,0 +1,344 @@
+"""Continuous batching: the one thread that owns the model.
+
+Each turn of the loop is one token boundary:
+  1. take new submissions and cancellations (under the lock, briefly);
+  2. one decode step for every request in the DecodeBatch, delivering a token to each;
+     finished and cancelled rows leave, their KV going to the prefix cache;
+  3. about prefill_chunk tokens of prompt work for admitted requests, FIFO (a long prompt
+     chunk by chunk, several short ones in one batched pass; see prefill.py); a request
+     whose prompt is done joins the DecodeBatch and decodes from the next turn on.
+Requests are admitted (prefill + decode together) up to max_batch; the rest wait in a
+queue of at most queue_depth. A failing forward pass fails the requests it involved
+(the whole decode batch, or one prefill; a failed batched prefill is retried one
+request at a time to find the culprit) and the loop carries on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from .batch import DecodeBatch, Delivery, Row, extract_row
+from .cache import PrefixCache
+from .layout import on_cpu, use_input_major_weights
+from .prefill import Prefill, prefill_together
+from .sampling import make_sampler
+from .types import EngineRequest, QueueFull, Step
+
+log = logging.getLogger(__name__)
+
+_CLEAR_EVERY = 256  # decode steps between releases of mlx's buffer cache
+
+
+def _supports_prefix_cache(model: nn.Module) -> bool:
+    """Prefix reuse trims caches to a common prefix: plain KVCache layers only."""
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+class Scheduler:
+    """Runs every request for one model on a single thread, batched token by token."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_batch: int = 8,
+        queue_depth: int = 64,
+        prefill_chunk: int = 512,
+        cache_bytes: int = 512 << 20,
+        input_major_weights: bool | None = None,
+    ) -> None:
+        """input_major_weights: store dense weights transposed for faster CPU matmuls
+        (see layout.py); None = only when computing on the CPU. Modifies model in place."""
+        if input_major_weights is None:
+            input_major_weights = on_cpu()
+        if input_major_weights:
+            use_input_major_weights(model)
+        self._model = model
+        self.max_batch = max(1, max_batch)
+        self.queue_depth = queue_depth
+        self.prefill_chunk = max(1, prefill_chunk)
+        self._prefix = (
+            PrefixCache(cache_bytes) if cache_bytes > 0 and _supports_prefix_cache(model) else None
+        )
+        self._cv = threading.Condition()
+        self._waiting: deque[tuple[int, EngineRequest]] = deque()
+        self._cancels: set[int] = set()
+        self._handles = itertools.count(1)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # Owned by the scheduler thread.
+        self._prefills: deque[Prefill] = deque()
+        self._batch = DecodeBatch(model)
+
+    # ---- caller side (any thread) -------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the model-owning thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: EngineRequest) -> int:
+        """Queue a request; its steps arrive through req.on_step. Returns its handle."""
+        if not req.prompt:
+            raise ValueError("empty prompt")
+        req.params.validate()
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("scheduler stopped")
+            if len(self._waiting) >= self.queue_depth:
+                raise QueueFull(f"{len(self._waiting)} requests already waiting")
+            handle = next(self._handles)
+            self._waiting.append((handle, req))
+            self._cv.notify()
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        """End a request at the next token boundary with finish_reason "cancelled"."""
+        with self._cv:
+            self._cancels.add(handle)
+            self._cv.notify()
+
+    def stats(self) -> dict:
+        prefix = self._prefix
+        return {
+            "active": len(self._batch) + len(self._prefills),
+            "queued": len(self._waiting),
+            "cache_hits": prefix.hits if prefix else 0,
+            "cache_lookups": prefix.lookups if prefix else 0,
+            "cached_tokens_total": prefix.tokens_served if prefix else 0,
+            "cache_bytes": prefix.nbytes if prefix else 0,
+        }
+
+    def stop(self) -> None:
+        """Stop the thread; requests still in flight end with "cancelled"."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+        else:
+            self._shutdown()
+
+    # ---- scheduler thread ---------------------------------------------------------
+
+    def _idle(self) -> bool:
+        return not (self._waiting or self._cancels or self._prefills or len(self._batch))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._stopping and self._idle():
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                    cancels, self._cancels = self._cancels, set()
+                    dropped = [(h, r) for h, r in self._waiting if h in cancels]
+                    if dropped:
+                        self._waiting = deque((h, r) for h, r in self._waiting if h not in cancels)
+                    room = self.max_batch - len(self._batch) - len(self._prefills)
+                    admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                for handle, req in admitted:
+                    self._prefills.append(Prefill(handle, req, self.prefill_chunk))
+                for _, req in dropped:
+                    self._finish(req, "cancelled")
+                try:
+                    self._turn(cancels)
+                except Exception as e:  # a bug of ours: fail what is in flight, keep serving
+                    log.exception("scheduler turn failed")
+                    self._fail_in_flight(f"engine error: {e!r}")
+        finally:
+            self._shutdown()
+
+    def _turn(self, cancels: set[int]) -> None:
+        """One token boundary: cancellations, a decode step, then prompt work."""
+        if cancels:
+            self._cancel_running(cancels)
+        if len(self._batch):
+            self._decode()
+        if self._prefills:
+            self._prefill()
+
+    def _fail_in_flight(self, error: str) -> None:
+        prefills, self._prefills = list(self._prefills), deque()
+        rows, self._batch = self._batch.rows, DecodeBatch(self._model)
+        mx.clear_cache()
+        for req in [p.req for p in prefills] + [r.req for r in rows]:
+            self._finish(req, "error", error)
+
+    def _emit(self, req: EngineRequest, step: Step) -> None:
+        try:
+            req.on_step(step)
+        except Exception:  # a caller's bug must not take the engine down
+            log.exception("on_step callback failed")
+
+    def _finish(self, req: EngineRequest, reason: str, error: str | None = None) -> None:
+        self._emit(req, Step(None, None, None, reason, error))
+
+    def _cancel_running(self, handles: set[int]) -> None:
+        for p in [p for p in self._prefills if p.handle in handles]:
+            self._prefills.remove(p)
+            self._finish(p.req, "cancelled")
+        drop = {i for i, r in enumerate(self._batch.rows) if r.handle in handles}
+        if drop:
+            rows = [self._batch.rows[i] for i in sorted(drop)]
+            self._retire(drop)
+            for row in rows:
+                self._finish(row.req, "cancelled")
+
+    def _retire(self, drop: set[int]) -> None:
+        """Remove rows from the batch, keeping their KV in the prefix cache."""
+        if self._prefix is not None:
+            for i in sorted(drop):
+                row = self._batch.rows[i]
+                if row.started:
+                    self._prefix.insert(row.tokens, self._batch.extract(i))
+        self._batch.remove(drop)
+
+    def _decode(self) -> None:
+        try:
+            deliveries = self._batch.step()
+        except Exception as e:
+            log.exception("decode step failed")
+            rows, self._batch = self._batch.rows, DecodeBatch(self._model)
+            mx.clear_cache()
+            for row in rows:
+                self._finish(row.req, "error", f"model step failed: {e!r}")
+            return
+        if self._batch.steps % _CLEAR_EVERY == 0:
+            mx.clear_cache()
+        # Last steps go out after their rows have left, so stats() never counts them.
+        last: list[tuple[EngineRequest, Step]] = []
+        done: set[int] = set()
+        index = {id(r): i for i, r in enumerate(self._batch.rows)}
+        for d in deliveries:
+            step = self._step_for(d)
+            if step.finish_reason is None:
+                self._emit(d.row.req, step)
+            else:
+                last.append((d.row.req, step))
+                done.add(index[id(d.row)])
+        for i, row in enumerate(self._batch.rows):
+            if row.error is not None and i not in done:
+                last.append((row.req, Step(None, None, None, "error", row.error)))
+                done.add(i)
+        if done:
+            self._retire(done)
+        for req, step in last:
+            self._emit(req, step)
+
+    @staticmethod
+    def _step_for(d: Delivery) -> Step:
+        """The Step for one delivered token, deciding whether it ends the request."""
+        row, params = d.row, d.row.req.params
+        row.generated += 1
+        reason = None
+        if d.token in row.req.stop_tokens:
+            reason = "stop"
+        elif row.generated >= params.max_tokens:
+            reason = "length"
+        want_lp = params.logprobs or params.top_logprobs > 0
+        top = d.top if params.top_logprobs else None
+        return Step(d.token, d.logprob if want_lp else None, top, reason)
+
+    def _prefill(self) -> None:
+        """About prefill_chunk tokens of prompt work, first come first served."""
+        spent = 0
+        while self._prefills:
+            head = self._prefills[0]
+            involved = [head]
+            try:
+                if not head.begun:
+                    head.begin(self._model, self._prefix)
+                if head.short:
+                    involved = self._short_group()
+                    cost = len(involved) * max(p.remaining for p in involved)
+                    if spent and spent + cost > self.prefill_chunk:
+                        return
+                    cache = prefill_together(self._model, involved)
+                    spent += cost
+                    for _ in involved:
+                        self._prefills.popleft()
+                    self._join(involved, cache, own_cache=False)
+                else:
+                    if spent and spent + head.next_chunk() > self.prefill_chunk:
+                        return
+                    spent += head.run_chunk(self._model)
+                    if head.remaining == 0:
+                        self._prefills.popleft()
+                        self._join(involved, head.batch_cache(), own_cache=True)
+            except Exception as e:
+                if len(involved) > 1:  # find the culprit: retry each request on its own
+                    log.warning("batched prefill failed (%r); retrying one by one", e)
+                    for p in involved:
+                        p.solo = True
+                    continue
+                log.exception("prefill failed")
+                for p in involved:
+                    if p in self._prefills:
+                        self._prefills.remove(p)
+                    self._finish(p.req, "error", f"prefill failed: {e!r}")
+            mx.clear_cache()
+
+    def _short_group(self) -> list[Prefill]:
+        """The run of short prefills at the head of the queue that fits one pass."""
+        group: list[Prefill] = []
+        for p in self._prefills:
+            if not p.begun:
+                p.begin(self._model, self._prefix)
+            if not p.short or (p.solo and group):
+                break
+            width = max([q.remaining for q in group] + [p.remaining])
+            if group and (len(group) + 1) * width > self.prefill_chunk:
+                break
+            group.append(p)
+            if p.solo:
+                break
+        return group
+
+    def _join(self, group: list[Prefill], cache: list, own_cache: bool) -> None:
+        """Move prefilled requests (their rows of cache, in order) into the decode batch.
+
+        own_cache: each request's own .cache holds its whole prefill (chunked path);
+        otherwise its KV is copied out of cache for the prefix cache.
+        """
+        rows = []
+        for i, p in enumerate(group):
+            prompt = p.req.prompt
+            if self._prefix is not None and p.pos > p.cached:
+                self._prefix.insert(prompt[:-1], p.cache if own_cache else extract_row(cache, i))
+            rows.append(Row(p.handle, p.req, make_sampler(p.req.params), tokens=list(prompt[:-1])))
+        try:
+            self._batch.add(rows, cache, [p.req.prompt[-1] for p in group])
+        except Exception as e:
+            log.exception("joining the batch failed")
+            for p in group:
+                self._finish(p.req, "error", f"batch join failed: {e!r}")
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            waiting, self._waiting = list(self._waiting), deque()
+        for _, req in waiting:
+            self._finish(req, "cancelled")
+        for p in self._prefills:
+            self._finish(p.req, "cancelled")
+        self._prefills.clear()
+        for row in self._batch.rows:
+            self._finish(row.req, "cancelled")
+        self._batch = DecodeBatch(self._model)
+        if self._prefix is not None:
+            self._prefix.clear()
+        # mlx wants a thread's streams destroyed by that thread before it ends; otherwise
+        # the process aborts at exit ("terminate called without an active exception").
+        if threading.current_thread() is self._thread:
+            mx.synchronize()
+            mx.clear_streams()
