@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .accounts.middleware import AccountsMiddleware
 from .accounts.service import Accounts
 from .errors import ApiError
+from .request_log import install_request_log
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
@@ -99,4 +100,5 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     app.state.accounts = accounts
     app.state.responses = ResponsesService(settings, pool)
     app.state.started_at = int(time.time())
+    install_request_log(app)  # opt-in: KILN_REQUEST_LOG=PATH
     return app

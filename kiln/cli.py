@@ -10,6 +10,7 @@ from kiln.gateway.cli import hosted_options, hosted_settings
 from kiln.gateway.store.options import store_args, store_options, store_settings
 
 from .admin import keys, orgs
+from .codex_config import codex_config
 from .logs import configure
 
 # Hosted settings reach the gateway child as environment variables (not argv, where a database
@@ -74,3 +75,4 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
 
 main.add_command(orgs)
 main.add_command(keys)
+main.add_command(codex_config)

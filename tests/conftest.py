@@ -29,7 +29,7 @@ def scripted_kiln(tmp_path_factory):
 
 @pytest.fixture
 def http(kiln):
-    with httpx.Client(base_url=kiln.base_url, timeout=120) as client:
+    with httpx.Client(base_url=kiln.base_url, timeout=900) as client:
         yield client
 
 
@@ -37,7 +37,7 @@ def http(kiln):
 def openai_client(kiln):
     from openai import OpenAI
 
-    return OpenAI(base_url=kiln.base_url + "/v1", api_key="sk-local", max_retries=0, timeout=120)
+    return OpenAI(base_url=kiln.base_url + "/v1", api_key="sk-local", max_retries=0, timeout=900)
 
 
 @pytest.fixture

@@ -319,11 +319,15 @@ def _generate_schema(model, tokenizer, compiler, name: str, seed: int, max_token
     _validator(case["schema"]).validate(json.loads(text))
 
 
+# In-process generation runs on mlx's reference BLAS (pytest is not re-executed with OpenBLAS),
+# so these are slow here; tests/e2e covers the same path through a real worker in CI.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODEL_SCHEMAS)
 def test_model_output_validates(model, tokenizer, compiler, name):
     _generate_schema(model, tokenizer, compiler, name, seed=0, max_tokens=160)
 
 
+@pytest.mark.slow
 def test_model_forced_tool_call_validates(model, tokenizer, compiler):
     processor = compiler.tool_call_processor([WEATHER_TOOL, TIME_TOOL], "required", parallel=False)
     text = _generate(model, tokenizer, processor, "What's the weather in Paris right now?", seed=0, max_tokens=80)
