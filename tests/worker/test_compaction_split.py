@@ -1,0 +1,59 @@
+"""Compaction split points, property-based over generated histories: a call never loses its
+output, the latest user message is always kept, and keep_tokens is honoured."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiln.worker.compaction import CompactionRefused, plan
+
+
+@st.composite
+def histories(draw):
+    items = []
+    if draw(st.booleans()):
+        items.append({"type": "message", "role": "system", "content": "sys"})
+    turns = draw(st.integers(1, 8))
+    call = 0
+    for _ in range(turns):
+        items.append({"type": "message", "role": "user", "content": "u" * draw(st.integers(1, 40))})
+        for _ in range(draw(st.integers(0, 3))):
+            calls = draw(st.integers(1, 3))
+            ids = [f"c{call + i}" for i in range(calls)]
+            call += calls
+            items += [{"type": "function_call", "call_id": c, "name": "f", "arguments": "{}"} for c in ids]
+            items += [{"type": "function_call_output", "call_id": c, "output": "o" * draw(st.integers(1, 30))} for c in ids]
+        if draw(st.booleans()):
+            items.append({"type": "message", "role": "assistant", "content": "a" * draw(st.integers(1, 40))})
+    return items
+
+
+def size(items):
+    return sum(len(str(i.get("content") or i.get("output") or "")) + 5 for i in items)
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.integers(1, 400))
+def test_split_keeps_calls_with_outputs(items, keep):
+    try:
+        p = plan(items, keep, size)
+    except CompactionRefused:
+        users = [i for i in items if i.get("role") == "user"]
+        assert len(users) == 1  # only refused when nothing precedes the latest user message
+        return
+    retained = [items[i] for i in p.retained]
+    summarized = [items[i] for i in p.summarized]
+    assert p.summarized and p.retained
+    latest_user = max(i for i, it in enumerate(items) if it.get("role") == "user")
+    assert latest_user in p.retained
+    kept_calls = {i["call_id"] for i in retained if i["type"] == "function_call"}
+    kept_outputs = {i["call_id"] for i in retained if i["type"] == "function_call_output"}
+    assert kept_calls == kept_outputs
+    gone_calls = {i["call_id"] for i in summarized if i["type"] == "function_call"}
+    gone_outputs = {i["call_id"] for i in summarized if i["type"] == "function_call_output"}
+    assert gone_calls == gone_outputs
+    first = min(p.retained)
+    if first != latest_user:  # extended beyond the latest turn only while it fits
+        assert size(retained) <= keep
+    assert all(items[i].get("role") in ("system", "developer") for i in p.kept)
