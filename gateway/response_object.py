@@ -24,6 +24,16 @@ _ECHOED = {
 }
 
 
+def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A declared tool as the Response object lists it: function tools always carry ``strict``
+    (the Responses API's default is true) and ``parameters``."""
+    if tool.get("type") == "function":
+        return {**tool, "strict": tool.get("strict", True), "parameters": tool.get("parameters")}
+    if tool.get("type") == "namespace":
+        return {**tool, "tools": [_echo_tool({**t, "type": t.get("type", "function")}) for t in tool.get("tools") or []]}
+    return tool
+
+
 def new_response_id() -> str:
     return "resp_" + uuid.uuid4().hex
 
@@ -63,6 +73,7 @@ class ResponseObject:
         for key, default in _ECHOED.items():
             value = body.get(key)
             self.data[key] = default if value is None else value
+        self.data["tools"] = [_echo_tool(t) for t in self.data["tools"]]
         if body.get("conversation") is not None:
             conv = body["conversation"]
             self.data["conversation"] = {"id": conv} if isinstance(conv, str) else {"id": conv.get("id")}
