@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .accounts.middleware import AccountsMiddleware
 from .accounts.service import Accounts
 from .errors import ApiError
+from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from .request_log import install_request_log
 from .routes.health import health
 from .routes.models import get_model, list_models
@@ -49,7 +50,7 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
 
 
 def _routes() -> list[Route]:
-    routes = [Route("/health", health, methods=["GET"])]
+    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
     for path, endpoint, methods in _api_routes():
         # Mounted with and without /v1, as the OpenAI SDKs accept either base URL.
         routes.append(Route("/v1" + path, endpoint, methods=methods))
@@ -89,9 +90,10 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
                 await accounts.close()
             await pool.stop()
 
+    metrics = Metrics(pool)
     app = Starlette(
         routes=(hosted_routes(accounts) if accounts is not None else []) + _routes(),
-        middleware=[Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else [],
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
     )
@@ -99,6 +101,8 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     app.state.pool = pool
     app.state.accounts = accounts
     app.state.responses = ResponsesService(settings, pool)
+    app.state.responses.metrics = metrics
+    app.state.metrics = metrics
     app.state.started_at = int(time.time())
     install_request_log(app)  # opt-in: KILN_REQUEST_LOG=PATH
     return app

@@ -54,6 +54,8 @@ class Generation:
         self.index_offset = 0
         # context_management's compaction threshold, when the request set one.
         self.compact_threshold: int | None = None
+        # Feeds TTFT / inter-token histograms when metrics are on.
+        self.timer: Any = None
         # True when the response is complete without a generation (a compaction_trigger turn).
         self.done_without_worker = False
 
@@ -104,6 +106,8 @@ class Generation:
                     return
                 if isinstance(message, Event):
                     event = message.event
+                    if self.timer is not None:
+                        self.timer.event(event)
                     if self.index_offset and "output_index" in event:
                         event = {**event, "output_index": event["output_index"] + self.index_offset}
                     if self.item_hook is not None and event.get("type") == "response.output_item.done":
@@ -112,6 +116,8 @@ class Generation:
                     yield event
                 elif isinstance(message, Done):
                     self.response.finish(message.status, _complete_usage(message.usage), message.incomplete_details)
+                    if self.timer is not None and self.timer.metrics is not None:
+                        self.timer.metrics.observe_usage(self.response.data["usage"])
                     return
                 elif isinstance(message, Failed):
                     self.response.fail(message.code, message.message)

@@ -17,6 +17,7 @@ from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens
 from .history import TERMINAL, conversation_id, conversation_key, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
+from .metrics import GenerationTimer
 from .sealing import SealError, Sealer
 from .settings import Settings
 from .store.background import Job, JobRegistry
@@ -69,6 +70,7 @@ class ResponsesService:
         self.inflight: dict[str, Generation] = {}
         self.sealer = Sealer(settings.secret_key)
         self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
+        self.metrics: Any = None  # set by the app when /metrics is mounted
 
     # -- create ----------------------------------------------------------------------------------
     def prepare(self, body: dict, owner: Any = None) -> tuple[Generation, list[dict]]:
@@ -173,6 +175,7 @@ class ResponsesService:
             raise invalid("Background mode is disabled on this server.", param="background")
 
     async def start_foreground(self, generation: Generation) -> None:
+        generation.timer = GenerationTimer(self.metrics)
         await self.compaction_phase(generation)
         await generation.open()
         self.inflight[generation.response.id] = generation

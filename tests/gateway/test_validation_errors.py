@@ -89,3 +89,14 @@ def test_unknown_route_is_openai_shaped(scripted_http):
     r = scripted_http.get("/v1/nothing-here")
     assert r.status_code == 404
     assert_error(r.json())
+
+
+def test_metrics_endpoint(scripted_http):
+    scripted_http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 3})
+    with scripted_http.stream("POST", "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 3, "stream": True}) as r:
+        r.read()
+    text = scripted_http.get("/metrics").text
+    assert 'kiln_requests_total{route="/v1/responses",status="200"}' in text
+    assert "kiln_time_to_first_token_seconds_count" in text and "kiln_inter_token_seconds_bucket" in text
+    assert 'kiln_tokens_total{direction="output"}' in text
+    assert "kiln_worker_cache_hit_ratio{" in text and "kiln_worker_queue_depth{" in text

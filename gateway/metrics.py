@@ -1,0 +1,105 @@
+"""Prometheus metrics for ``GET /metrics``.
+
+Request counts and in-flight come from a thin ASGI wrapper; time to first token, inter-token gaps
+and token counts from the generation path; worker load and prefix-cache hit ratio are read from the
+pool's heartbeat figures at scrape time, so they cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from starlette.requests import Request
+from starlette.responses import Response
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, pool: Any) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("kiln_requests", "HTTP requests by route and status.", ["route", "status"], registry=self.registry)
+        self.in_flight = Gauge("kiln_requests_in_flight", "HTTP requests being served.", registry=self.registry)
+        self.ttft = Histogram("kiln_time_to_first_token_seconds", "From sending to a worker to the first output event.", buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.inter_token = Histogram("kiln_inter_token_seconds", "Gaps between consecutive output deltas.", buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.tokens = Counter("kiln_tokens", "Tokens by direction (input, cached, output).", ["direction"], registry=self.registry)
+        self.registry.register(_WorkerCollector(pool))
+
+    def observe_usage(self, usage: dict[str, Any]) -> None:
+        self.tokens.labels("input").inc(usage.get("input_tokens", 0))
+        self.tokens.labels("cached").inc((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
+        self.tokens.labels("output").inc(usage.get("output_tokens", 0))
+
+
+class _WorkerCollector:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        active = GaugeMetricFamily("kiln_worker_active", "Requests decoding on each worker.", labels=["worker", "model"])
+        queued = GaugeMetricFamily("kiln_worker_queue_depth", "Requests waiting on each worker.", labels=["worker", "model"])
+        ratio = GaugeMetricFamily("kiln_worker_cache_hit_ratio", "Prefix-cache hits over lookups on each worker.", labels=["worker", "model"])
+        for w in list(self.pool.workers.values()):
+            labels = [w.info.worker_id, w.info.model]
+            active.add_metric(labels, w.active)
+            queued.add_metric(labels, w.queued)
+            lookups = w.cache.get("cache_lookups") or 0
+            ratio.add_metric(labels, (w.cache.get("cache_hits") or 0) / lookups if lookups else 0.0)
+        yield active
+        yield queued
+        yield ratio
+
+
+class GenerationTimer:
+    """Times one generation's events for the TTFT and inter-token histograms."""
+
+    def __init__(self, metrics: Metrics | None) -> None:
+        self.metrics = metrics
+        self.started = time.monotonic()
+        self.last: float | None = None
+
+    def event(self, event: dict[str, Any]) -> None:
+        if self.metrics is None or not event.get("type", "").endswith(".delta"):
+            return
+        now = time.monotonic()
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.started)
+        else:
+            self.metrics.inter_token.observe(now - self.last)
+        self.last = now
+
+
+class MetricsMiddleware:
+    """Counts requests by route template and status, and tracks in-flight requests."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] == "/metrics":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def capture(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            self.metrics.in_flight.dec()
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(path, str(status["code"])).inc()
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
