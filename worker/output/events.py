@@ -8,7 +8,6 @@ its final form in ``response.output_item.done``. Items end up ordered reasoning,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -101,8 +100,6 @@ class OutputAssembler:
             # Tokens spent before any answer text count as reasoning.
             if all(p.kind == "reasoning" for p in pieces) or not pieces:
                 self.reasoning_tokens += 1
-        elif not pieces and self._reasoning is None and self._message is None:
-            pass
         for piece in pieces:
             self._apply(piece)
 
@@ -247,12 +244,10 @@ class OutputAssembler:
                 self._open_call(index, final.name)
                 call = self._calls[index]
             sent = "".join(call.text)
+            # When the authoritative parse disagrees with what streamed, the done event carries it.
             if final.arguments.startswith(sent) and len(final.arguments) > len(sent):
                 self._call_delta(index, final.arguments[len(sent):])
-            elif not final.arguments.startswith(sent):
-                # The authoritative parse disagrees with what streamed; the done event carries it.
-                pass
-            arguments = _canonical_arguments(final.arguments)
+            arguments = final.arguments
             self._emit({"type": "response.function_call_arguments.done", "item_id": call.item["id"], "output_index": call.index, "name": final.name, "arguments": arguments})
             call.item = {**call.item, "name": final.name, "arguments": arguments, "status": "incomplete" if incomplete else "completed"}
             self._emit({"type": "response.output_item.done", "output_index": call.index, "item": call.item})
@@ -262,10 +257,3 @@ class OutputAssembler:
                 call.item = {**call.item, "arguments": "".join(call.text), "status": "incomplete"}
                 self._emit({"type": "response.output_item.done", "output_index": call.index, "item": call.item})
 
-
-def _canonical_arguments(arguments: str) -> str:
-    try:
-        json.loads(arguments)
-        return arguments
-    except ValueError:
-        return arguments
