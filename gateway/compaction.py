@@ -18,7 +18,7 @@ from kiln.protocol import Compact, Compacted, Failed
 
 from .errors import ApiError, invalid
 from .sealing import SealError, Sealer
-from .workers import NoWorker, WorkerPool
+from .workers import NoWorker, WorkerPool, routing_key
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
@@ -74,7 +74,7 @@ async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, k
     stored = body["input"]
     wire = {**body, "input": expand_items(stored, sealer)}
     try:
-        worker = pool.pick(model, body.get("prompt_cache_key"))
+        worker = pool.pick(model, routing_key(body))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
     req_id = uuid.uuid4().hex

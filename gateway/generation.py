@@ -10,7 +10,7 @@ from kiln.protocol import Done, Event, Failed, Generate
 
 from .errors import ApiError
 from .response_object import ResponseObject
-from .workers import Channel, NoWorker, WorkerPool
+from .workers import Channel, NoWorker, WorkerPool, routing_key
 
 
 class GenerationFailed(Exception):
@@ -63,7 +63,7 @@ class Generation:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
         if self.done_without_worker:
             return
-        cache_key = self.body.get("prompt_cache_key")
+        cache_key = routing_key(self.body)
         try:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
@@ -163,7 +163,7 @@ async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str) -> in
     from kiln.protocol import CountTokens, TokenCount
 
     try:
-        worker = pool.pick(model, body.get("prompt_cache_key"))
+        worker = pool.pick(model, routing_key(body))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
     req_id = uuid.uuid4().hex

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -39,16 +39,19 @@ class _WorkerCollector:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        routed = CounterMetricFamily("kiln_worker_requests", "Requests the gateway sent to each worker (routing decisions).", labels=["worker", "model"])
         active = GaugeMetricFamily("kiln_worker_active", "Requests decoding on each worker.", labels=["worker", "model"])
         queued = GaugeMetricFamily("kiln_worker_queue_depth", "Requests waiting on each worker.", labels=["worker", "model"])
         ratio = GaugeMetricFamily("kiln_worker_cache_hit_ratio", "Prefix-cache hits over lookups on each worker.", labels=["worker", "model"])
         for w in list(self.pool.workers.values()):
             labels = [w.info.worker_id, w.info.model]
+            routed.add_metric(labels, w.routed)
             active.add_metric(labels, w.active)
             queued.add_metric(labels, w.queued)
             lookups = w.cache.get("cache_lookups") or 0
             ratio.add_metric(labels, (w.cache.get("cache_hits") or 0) / lookups if lookups else 0.0)
+        yield routed
         yield active
         yield queued
         yield ratio

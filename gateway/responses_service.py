@@ -25,7 +25,7 @@ from .store.conversations import ConversationStore
 from .store.lru import approx_bytes
 from .store.reasoning_echo import ReasoningEchoStore
 from .store.responses import ResponseStore, StoredResponse
-from .workers import NoWorker, WorkerPool
+from .workers import NoWorker, WorkerPool, routing_key
 
 log = logging.getLogger("kiln.gateway.responses")
 
@@ -217,7 +217,7 @@ class ResponsesService:
         reserved = approx_bytes(generation.body) + 4 * (generation.body.get("max_output_tokens") or 1024)
         self.jobs.check(reserved)
         try:
-            worker = self.pool.pick(generation.model, generation.body.get("prompt_cache_key"))
+            worker = self.pool.pick(generation.model, routing_key(generation.body))
         except NoWorker:
             raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded")
         if worker.overloaded():

@@ -48,6 +48,7 @@ class WorkerHandle:
     queued: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
     inflight: set[str] = field(default_factory=set)
+    routed: int = 0  # requests sent to this worker since it registered (for /metrics)
 
     @property
     def names(self) -> set[str]:
@@ -87,6 +88,17 @@ class Channel:
 
     async def get(self) -> Any:
         return await self.queue.get()
+
+
+# Where the route keeps a session header's value for requests without a prompt_cache_key.
+SESSION_FIELD = "kiln_session"
+SESSION_HEADERS = ("session-id", "session_id", "x-session-id")
+
+
+def routing_key(body: dict[str, Any]) -> str | None:
+    """What keeps a conversation on one worker: ``prompt_cache_key``, else a session header
+    (Codex sends ``session-id`` on every turn of a session)."""
+    return body.get("prompt_cache_key") or body.get(SESSION_FIELD)
 
 
 class NoWorker(Exception):
@@ -186,6 +198,7 @@ class WorkerPool:
         channel = Channel(req_id, worker)
         self.channels[req_id] = channel
         worker.inflight.add(req_id)
+        worker.routed += 1
         await self._send(worker.identity, message)
         return channel
 

@@ -15,6 +15,7 @@ from ..history import expand
 from ..responses_service import ResponsesService
 from ..sse import EventSequencer
 from ..validation import validate_create
+from ..workers import SESSION_FIELD, SESSION_HEADERS
 
 
 def _service(request: Request) -> ResponsesService:
@@ -29,7 +30,11 @@ def _owner(request: Request) -> object:
 
 async def _body(request: Request) -> dict:
     settings = request.app.state.settings
-    return validate_create(await read_json(request, settings.max_body_bytes), hosted_tools=settings.hosted_tools)
+    body = validate_create(await read_json(request, settings.max_body_bytes), hosted_tools=settings.hosted_tools)
+    session = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
+    if session is not None:
+        body[SESSION_FIELD] = session[:256]
+    return body
 
 
 async def create_response(request: Request) -> Response:
