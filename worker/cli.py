@@ -19,6 +19,7 @@ log = logging.getLogger("kiln.worker")
 @click.option("--model", default=None, envvar="KILN_MODEL", help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
 @click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name clients may use for the model (repeatable).")
 @click.option("--weights", type=click.Choice(["auto", "native", "float32", "float16", "bfloat16"]), default="auto", show_default=True, envvar="KILN_WEIGHTS", help="Weight layout. auto: dequantized on the CPU, the model's own quantization on Metal/CUDA.")
+@click.option("--weight-layout", type=click.Choice(["auto", "stock", "input-major"]), default="auto", show_default=True, envvar="KILN_WEIGHT_LAYOUT", help="CPU only: how dense weights are stored for matmuls. auto measures both at start-up and keeps the faster.")
 @click.option("--max-batch", default=8, show_default=True, type=int, envvar="KILN_MAX_BATCH", help="Requests decoded together.")
 @click.option("--queue-depth", default=64, show_default=True, type=int, envvar="KILN_QUEUE_DEPTH", help="Requests that may wait for a batch slot; more get 503.")
 @click.option("--prefill-chunk", default=512, show_default=True, type=int, envvar="KILN_PREFILL_CHUNK", help="Prompt tokens processed per scheduler step.")
@@ -47,6 +48,9 @@ def main(**options) -> None:
         server.service.scheduler.stop()
 
 
+_LAYOUTS = {"auto": None, "stock": False, "input-major": True}
+
+
 def build_server(options: dict):
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
@@ -69,7 +73,7 @@ def build_server(options: dict):
         loaded = load_model(options["model"], weights=options["weights"])
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
-        scheduler = Scheduler(loaded.model, max_batch=options["max_batch"], queue_depth=options["queue_depth"], prefill_chunk=options["prefill_chunk"], cache_bytes=options["cache_bytes"])
+        scheduler = Scheduler(loaded.model, max_batch=options["max_batch"], queue_depth=options["queue_depth"], prefill_chunk=options["prefill_chunk"], cache_bytes=options["cache_bytes"], input_major_weights=_LAYOUTS[options["weight_layout"]])
         model_id = loaded.model_id
         aliases = sorted(set(loaded.aliases) | set(options["model_alias"]))
         window = loaded.context_window

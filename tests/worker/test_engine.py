@@ -18,12 +18,12 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from kiln.worker.engine import EngineRequest, QueueFull, SamplingParams, Scheduler, Step
 from kiln.worker.engine.cache import PrefixCache
+from kiln.worker.engine.layout import choose_weight_layout
 
 VOCAB = 256
 
 
-@pytest.fixture(scope="module")
-def model():
+def tiny_llama():
     args = llama.ModelArgs(
         model_type="llama",
         hidden_size=64,
@@ -40,6 +40,11 @@ def model():
     m.update(tree_map(lambda p: p * 4 if p.ndim == 2 else p, m.parameters()))
     mx.eval(m.parameters())
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
 
 
 @pytest.fixture
@@ -119,6 +124,27 @@ def test_greedy_matches_mlx_lm(model, make_scheduler):
     assert run.finish == "length"
     assert [st.finish_reason for st in run.steps[:-1]] == [None] * 15
     assert s.stats()["active"] == 0
+
+
+@pytest.mark.parametrize("input_major", [False, True])
+def test_both_weight_layouts_decode_like_mlx_lm(input_major):
+    fresh = tiny_llama()
+    prompt = prompt_for(3, 19)
+    expected = reference(fresh, prompt, 12)
+    s = Scheduler(fresh, input_major_weights=input_major)
+    s.start()
+    try:
+        assert greedy(s, prompt, 12).tokens == expected
+    finally:
+        s.stop()
+
+
+def test_measured_layout_choice_keeps_the_model_function():
+    fresh = tiny_llama()
+    probe = mx.array([prompt_for(1, 9)])
+    before = fresh(probe)
+    assert choose_weight_layout(fresh, steps=2, rounds=1) in (True, False)
+    assert mx.allclose(fresh(probe), before, rtol=1e-4, atol=1e-4).item()
 
 
 def test_batch_of_8_equals_alone(model, make_scheduler):

@@ -1,11 +1,12 @@
 """Dense weights stored input-major, for fast decoding on mlx's CPU backend.
 
 Why: nn.Linear computes x @ W.T with W stored (out, in). On the CPU mlx hands that to
-cblas_sgemm with a transpose flag, and for the skinny products of decoding (1..8 rows
-against the whole weight matrix, a memory-bound read of every weight) OpenBLAS is
-markedly slower on that layout than on W.T stored contiguously (measured ~25-35% less
-CPU time per decode step at batch 1 and 8 for a SmolLM2-sized llama). Metal and CUDA
-kernels take either layout at full speed, so this is applied on the CPU only.
+cblas_sgemm with a transpose flag. Decoding is a skinny product (1..8 rows against every
+weight, a memory-bound read), and which layout OpenBLAS streams faster depends on the
+CPU: on an AVX2 EPYC W.T stored contiguously took 25-35 % less time per decode step of a
+SmolLM2-sized llama; on an AVX-512 EPYC the stock layout was ~25 % faster. Metal and
+CUDA kernels take either layout at full speed. So on the CPU the worker measures both at
+start-up and keeps the faster (choose_weight_layout).
 
 The swap is in place and value-preserving (same parameters, transposed once): the model
 computes the same function. Quantized layers are left alone.
@@ -13,8 +14,15 @@ computes the same function. Quantized layers are left alone.
 
 from __future__ import annotations
 
+import logging
+import statistics
+import time
+
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+log = logging.getLogger(__name__)
 
 
 class InputMajorLinear(nn.Module):
@@ -76,16 +84,11 @@ def _probe(model: nn.Module) -> mx.array:
     return logits
 
 
-def use_input_major_weights(model: nn.Module) -> int:
-    """Swap every dense Linear (and an Embedding used as a tied head) in place.
-
-    Returns how many modules were swapped. The model is run on a short probe before and
-    after; if it fails or disagrees afterwards (a model that reads .weight directly),
-    every swap is undone and 0 is returned.
-    """
+def _swap_all(model: nn.Module) -> list[tuple[object, object, object]]:
+    """Swap every dense Linear (and an Embedding used as a tied head) in place; return how
+    to undo it as (container, key, original) triples."""
     tied = bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
-    before = _probe(model)
-    undo: list[tuple[object, object, object]] = []  # (container, key, original)
+    undo: list[tuple[object, object, object]] = []
     for _, parent in model.named_modules():
         for name, child in parent.children().items():
             if isinstance(child, list):
@@ -99,18 +102,86 @@ def use_input_major_weights(model: nn.Module) -> int:
                 if new is not None:
                     undo.append((parent, name, child))
                     parent[name] = new
+    return undo
+
+
+def _undo(undo: list[tuple[object, object, object]]) -> None:
+    for container, key, original in reversed(undo):
+        container[key] = original
+
+
+def use_input_major_weights(model: nn.Module) -> int:
+    """Swap every dense Linear (and an Embedding used as a tied head) in place.
+
+    Returns how many modules were swapped. The model is run on a short probe before and
+    after; if it fails or disagrees afterwards (a model that reads .weight directly),
+    every swap is undone and 0 is returned.
+    """
+    before = _probe(model)
+    undo = _swap_all(model)
     if not undo:
         return 0
     mx.eval(model.parameters())
-    try:
-        ok = mx.allclose(_probe(model), before, rtol=1e-3, atol=1e-3).item()
-    except Exception:
-        ok = False
-    if not ok:
-        for container, key, original in reversed(undo):
-            container[key] = original
+    if not _agrees(model, before):
+        _undo(undo)
         return 0
     return len(undo)
+
+
+def _agrees(model: nn.Module, before: mx.array) -> bool:
+    try:
+        return bool(mx.allclose(_probe(model), before, rtol=1e-3, atol=1e-3).item())
+    except Exception:
+        return False
+
+
+def _decode_step_seconds(model: nn.Module, steps: int) -> float:
+    """Median time of single-row decode steps after a 32-token prompt."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([list(range(1, 33))]), cache=cache))
+    token = mx.array([[1]])
+    times = []
+    for _ in range(steps + 1):  # the first step warms up
+        start = time.perf_counter()
+        mx.eval(model(token, cache=cache))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def choose_weight_layout(model: nn.Module, *, steps: int = 3, rounds: int = 2, max_bytes: int = 4 << 30) -> bool:
+    """Keep whichever layout decodes faster here; True when input-major won.
+
+    Which layout OpenBLAS reads faster depends on the CPU (input-major won by 25-35 % on
+    an AVX2 EPYC; the stock layout won by ~25 % on an AVX-512 one), so it is measured at
+    start-up rather than assumed: a few single-row decode steps per layout, alternating
+    so that drift in machine load hits both (about two seconds for a 135M model). Both
+    copies exist while measuring, so models over ``max_bytes`` keep the stock layout.
+    """
+    if sum(v.nbytes for _, v in tree_flatten(model.parameters())) > max_bytes:
+        return False
+    before = _probe(model)
+    stock: list[float] = []
+    swapped: list[float] = []
+    for _ in range(rounds):
+        stock.append(_decode_step_seconds(model, steps))
+        undo = _swap_all(model)
+        if not undo:
+            return False
+        mx.eval(model.parameters())
+        if not _agrees(model, before):
+            _undo(undo)
+            return False
+        swapped.append(_decode_step_seconds(model, steps))
+        _undo(undo)
+    ms_stock, ms_swapped = 1e3 * statistics.median(stock), 1e3 * statistics.median(swapped)
+    if ms_swapped < ms_stock:
+        use_input_major_weights(model)
+        log.info("weight layout: input-major (%.1f ms per decode step, stock %.1f ms)", ms_swapped, ms_stock)
+        return True
+    log.info("weight layout: stock (%.1f ms per decode step, input-major %.1f ms)", ms_stock, ms_swapped)
+    return False
 
 
 def on_cpu() -> bool:

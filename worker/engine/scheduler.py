@@ -26,7 +26,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
-from .layout import on_cpu, use_input_major_weights
+from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .prefill import Prefill, prefill_together
 from .sampling import make_sampler
 from .types import EngineRequest, QueueFull, Step
@@ -55,10 +55,12 @@ class Scheduler:
         input_major_weights: bool | None = None,
     ) -> None:
         """input_major_weights: store dense weights transposed for faster CPU matmuls
-        (see layout.py); None = only when computing on the CPU. Modifies model in place."""
+        (see layout.py); None = on the CPU, whichever layout measures faster. Modifies
+        model in place."""
         if input_major_weights is None:
-            input_major_weights = on_cpu()
-        if input_major_weights:
+            if on_cpu():
+                choose_weight_layout(model)
+        elif input_major_weights:
             use_input_major_weights(model)
         self._model = model
         self.max_batch = max(1, max_batch)
