@@ -105,15 +105,8 @@ class Generation:
                     self.response.cancel()
                     return
                 if isinstance(message, Event):
-                    event = message.event
-                    if self.timer is not None:
-                        self.timer.event(event)
-                    if self.index_offset and "output_index" in event:
-                        event = {**event, "output_index": event["output_index"] + self.index_offset}
-                    if self.item_hook is not None and event.get("type") == "response.output_item.done":
-                        event = {**event, "item": self.item_hook(event["item"])}
-                    self.response.apply(event)
-                    yield event
+                    for event in message.events:
+                        yield self._apply(event)
                 elif isinstance(message, Done):
                     self.response.finish(message.status, _complete_usage(message.usage), message.incomplete_details)
                     if self.timer is not None and self.timer.metrics is not None:
@@ -124,6 +117,18 @@ class Generation:
                     raise GenerationFailed(message.http_status, message.code, message.message, message.param)
         finally:
             self.pool.close(self.channel, cancel=not self.channel.finished)
+
+
+    def _apply(self, event: dict[str, Any]) -> dict[str, Any]:
+        """One worker event, placed after any prefix items and folded into the response."""
+        if self.timer is not None:
+            self.timer.event(event)
+        if self.index_offset and "output_index" in event:
+            event = {**event, "output_index": event["output_index"] + self.index_offset}
+        if self.item_hook is not None and event.get("type") == "response.output_item.done":
+            event = {**event, "item": self.item_hook(event["item"])}
+        self.response.apply(event)
+        return event
 
 
 def complete_usage(usage: dict[str, Any]) -> dict[str, Any]:

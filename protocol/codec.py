@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import msgpack
@@ -14,9 +15,17 @@ class ProtocolError(ValueError):
     """A frame that is not a message this version knows."""
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def encode(message: Any) -> bytes:
-    payload = dataclasses.asdict(message)
-    payload["t"] = type(message).__name__
+    # Fields are plain msgpack-able values (no nested dataclasses), so a shallow map is
+    # enough; dataclasses.asdict would deep-copy every request body on the way out.
+    cls = type(message)
+    payload = {name: getattr(message, name) for name in _field_names(cls)}
+    payload["t"] = cls.__name__
     return msgpack.packb(payload, use_bin_type=True)
 
 
@@ -31,7 +40,7 @@ def decode(frame: bytes) -> Any:
     if cls is None:
         raise ProtocolError("unknown message type")
     # Fields a newer peer added are dropped, so additions stay compatible within a version.
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _field_names(cls)
     try:
         return cls(**{k: v for k, v in payload.items() if k in names})
     except TypeError as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 @dataclass
@@ -104,15 +104,17 @@ class Cancel:
 
 @dataclass
 class Event:
-    """One Responses stream event for ``req_id``, without ``sequence_number``.
+    """Responses stream events for ``req_id``, in order, without ``sequence_number``.
 
     The worker owns everything that needs tokens, so it emits the output-item events
     (``response.output_item.added``, ``response.output_text.delta``, ...) with item ids it
     chose. The gateway adds the envelope events, sequence numbers and the Response object.
+    One message carries what one token produced (often several events: an item opening and
+    its first delta), so the per-message cost is paid once per token, not once per event.
     """
 
     req_id: str
-    event: dict[str, Any]
+    events: list[dict[str, Any]]
 
 
 @dataclass

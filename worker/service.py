@@ -193,8 +193,9 @@ class _Run:
         self.request: EngineRequest | None = None
         tok = service.tokenizer
         self.decoder = IncrementalDecoder(tok.decode)
+        self._pending: list[dict] = []  # this token's events, sent together
         self.assembler = OutputAssembler(
-            lambda event: emit(Event(req_id, event)),
+            self._pending.append,
             router=router,
             want_logprobs=params.logprobs,
             namespaces=_namespaces(body.get("tools") or []),
@@ -204,11 +205,17 @@ class _Run:
     def on_step(self, step: Step) -> None:
         try:
             self._on_step(step)
+            self._flush()
         except Exception as exc:  # never let one request's bug stop the scheduler thread
             log.exception("output assembly failed")
             self.service._forget(self.req_id)
             self.emit(Failed(self.req_id, 500, "server_error", f"output assembly failed: {exc}"))
             raise
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.emit(Event(self.req_id, list(self._pending)))
+            self._pending.clear()
 
     def _on_step(self, step: Step) -> None:
         reason = step.finish_reason
@@ -226,6 +233,7 @@ class _Run:
         if reason == "cancelled":
             return  # the gateway already forgot this request
         if reason == "error":
+            self._flush()
             self.emit(Failed(self.req_id, 500, "server_error", step.error or "generation failed"))
             return
         tail = self.decoder.flush()
@@ -240,6 +248,7 @@ class _Run:
             "output_tokens": self.assembler.output_tokens,
             "output_tokens_details": {"reasoning_tokens": self.assembler.reasoning_tokens},
         }
+        self._flush()
         self.emit(Done(self.req_id, status, usage, incomplete))
 
 

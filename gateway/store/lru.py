@@ -3,6 +3,7 @@ conversation stores (spec: Storage Flags)."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections import OrderedDict
@@ -35,6 +36,10 @@ class BoundedLRU(Generic[V]):
         self.ttl_s = ttl_s
         self.clock = clock
         self._entries: OrderedDict[str, _Entry[V]] = OrderedDict()
+        # (expires_at, key) of every entry with a TTL, soonest first. Items of deleted or
+        # replaced entries stay until they surface (or the heap is rebuilt): expiry is then
+        # O(log n) per put instead of a scan of the whole store.
+        self._expiry: list[tuple[float, str]] = []
         self.bytes = 0
 
     def __len__(self) -> int:
@@ -50,7 +55,10 @@ class BoundedLRU(Generic[V]):
         if not self.enabled or size > self.max_bytes:
             return False
         ttl = self.ttl_s if ttl_s is None else ttl_s
-        self._entries[key] = _Entry(value, size, self.clock() + ttl if ttl else None)
+        expires_at = self.clock() + ttl if ttl else None
+        self._entries[key] = _Entry(value, size, expires_at)
+        if expires_at is not None:
+            heapq.heappush(self._expiry, (expires_at, key))
         self.bytes += size
         self._evict()
         return key in self._entries
@@ -85,8 +93,14 @@ class BoundedLRU(Generic[V]):
 
     def _evict(self) -> None:
         now = self.clock()
-        for key in [k for k, e in self._entries.items() if e.expires_at is not None and now >= e.expires_at]:
-            self.delete(key)
+        while self._expiry and self._expiry[0][0] <= now:
+            expires_at, key = heapq.heappop(self._expiry)
+            entry = self._entries.get(key)
+            if entry is not None and entry.expires_at == expires_at:
+                self.delete(key)
+        if len(self._expiry) > 2 * len(self._entries) + 1024:
+            self._expiry = [(e.expires_at, k) for k, e in self._entries.items() if e.expires_at is not None]
+            heapq.heapify(self._expiry)
         while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
             key = next(iter(self._entries))
             self.delete(key)
