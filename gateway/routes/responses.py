@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -16,6 +18,9 @@ from ..responses_service import ResponsesService
 from ..sse import EventSequencer
 from ..validation import validate_create
 from ..workers import SESSION_FIELD, SESSION_HEADERS
+
+
+T = TypeVar("T")
 
 
 def _service(request: Request) -> ResponsesService:
@@ -44,7 +49,12 @@ async def create_response(request: Request) -> Response:
     if body["background"]:
         return JSONResponse(await service.start_background(generation, own_input))
     opening = generation.response.snapshot()  # as it stands before any compaction work
-    await service.start_foreground(generation)
+    try:
+        # Compaction can run for a while before the stream opens: a client that gives up
+        # meanwhile must not leave it running on a worker.
+        await _while_connected(request, service.start_foreground(generation))
+    except ClientDisconnected:
+        return Response(status_code=499)
     if body["stream"]:
         return StreamingResponse(
             _stream(service, generation, own_input, opening),
@@ -52,13 +62,47 @@ async def create_response(request: Request) -> Response:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        async for _ in generation.events():
-            pass
+        await _while_connected(request, _drain(generation))
     except GenerationFailed as failure:
         raise failure.api_error()
+    except ClientDisconnected:
+        generation.response.cancel()
+        return Response(status_code=499)
     finally:
         service.finish_foreground(generation, own_input)
     return JSONResponse(generation.response.snapshot())
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def _drain(generation: Generation) -> None:
+    async for _ in generation.events():
+        pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read, so nothing else arrives)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _while_connected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first; then cancel it, which closes its
+    worker channel and tells the worker to stop, and raise ClientDisconnected."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        watcher.cancel()
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
 
 
 async def _stream(service: ResponsesService, generation: Generation, own_input: list[dict], opening: dict) -> AsyncIterator[bytes]:

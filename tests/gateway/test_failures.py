@@ -6,6 +6,9 @@ test in tests/e2e kills a real worker the same way.
 
 from __future__ import annotations
 
+import re
+import time
+
 import httpx
 import pytest
 
@@ -69,5 +72,26 @@ def test_no_worker_health_is_503(tmp_path):
         r = httpx.post(server.base_url + "/v1/responses", json={"model": "x", "input": "hi"})
         assert r.status_code == 404
         assert_error(r.json())
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("extra", [{}, {"context_management": [{"type": "compaction", "compact_threshold": 1}]}], ids=["generation", "compaction"])
+def test_client_that_hangs_up_on_a_plain_request_frees_the_worker(tmp_path, extra):
+    """A non-streaming client that disconnects while its answer (or the compaction before it)
+    is being generated must not leave that work running on the worker."""
+    server = Kiln(tmp_path, worker_args=["--engine", "scripted", "--scripted-delay", "0.02", "--scripted-reply", "x" * 400]).start(timeout=60)
+    try:
+        history = [{"role": "user", "content": "a " * 50}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c " * 50}]
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.base_url + "/v1/responses", json={"model": "kiln-scripted", "input": history, **extra}, timeout=0.5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            metrics = httpx.get(server.base_url + "/metrics").text
+            if "kiln_requests_in_flight 0.0" in metrics and re.search(r"^kiln_worker_active\{.*\} 0\.0$", metrics, re.M):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the abandoned request kept running:\n" + metrics)
     finally:
         server.stop()
