@@ -1,7 +1,8 @@
 """Turn the bundled SmolLM2 GGUF into mlx-lm model folders for the peer servers.
 
 mlx_lm.server loads only mlx-lm folders (config.json + *.safetensors + tokenizer files), so the
-benchmark converts the very GGUF Kiln serves, with Kiln's own loader, into two folders:
+benchmark converts the very GGUF Kiln serves, with Kiln's own loader
+(`kiln.worker.loading.export`), into two folders:
 
   q4   the GGUF's own quantization (4-bit Q4_1 linears, 8-bit embedding, group size 32):
        what mlx_lm.server runs "stock" on these weights;
@@ -18,7 +19,6 @@ Folders are cached (default $XDG_CACHE_HOME/kiln-bench/) and rebuilt only when m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -59,63 +59,11 @@ def convert(variant: str, root: Path | None = None, *, force: bool = False) -> P
     if _complete(folder) and not force:
         return folder
 
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    from kiln.worker.loading.device import dequantize_modules
-    from kiln.worker.loading.gguf import load_gguf
+    from kiln.worker.loading.export import export_folder
 
     gguf = bundled_gguf()
-    model, tokenizer, info = load_gguf(gguf)  # native (quantized) layout
-    if variant == "f32":
-        dequantize_modules(model, mx.float32)
-        mx.eval(model.parameters())
-    args = model.args
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": args.hidden_size,
-        "num_hidden_layers": args.num_hidden_layers,
-        "intermediate_size": args.intermediate_size,
-        "num_attention_heads": args.num_attention_heads,
-        "num_key_value_heads": args.num_key_value_heads,
-        "rms_norm_eps": args.rms_norm_eps,
-        "vocab_size": args.vocab_size,
-        "max_position_embeddings": args.max_position_embeddings,
-        "rope_theta": args.rope_theta,
-        # GGUF stores Q/K rows for interleaved RoPE: mlx's traditional=True.
-        "rope_traditional": True,
-        "tie_word_embeddings": args.tie_word_embeddings,
-        "eos_token_id": sorted(tokenizer.eos_token_ids),
-    }
-    if args.head_dim:
-        config["head_dim"] = args.head_dim
-    if args.rope_scaling:
-        config["rope_scaling"] = args.rope_scaling
-    if variant == "q4":
-        # mlx-lm infers per-layer bits from tensor shapes (the embedding is 8-bit).
-        config["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}
-    else:
-        config["torch_dtype"] = "float32"
-
     tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
-    tokenizer.hf_tokenizer.save(str(tmp / "tokenizer.json"))
-    eos_text = next((tokenizer.id_to_token(i) for i in sorted(tokenizer.eos_token_ids)), None)
-    tokenizer_config = {
-        # transformers' generic fast tokenizer over tokenizer.json, as the GGUF defines it.
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": tokenizer.chat_template,
-        "bos_token": tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None,
-        "eos_token": eos_text,
-        "pad_token": eos_text,
-        "add_bos_token": False,
-        "model_max_length": info.context_window,
-    }
-    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    (tmp / "special_tokens_map.json").write_text(json.dumps({"eos_token": eos_text, "pad_token": eos_text}, indent=2))
+    export_folder(gguf, tmp, dtype="float32" if variant == "f32" else None)
     (tmp / "SOURCE").write_text(f"{gguf}\nvariant={variant}\n")
     if folder.exists():
         import shutil
