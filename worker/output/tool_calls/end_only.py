@@ -19,19 +19,21 @@ from typing import Any
 
 import regex
 
-from ._text import TextOutput, held_suffix_len
-from .base import FinalParse, ParsedCall, ParserEvent, ToolCallParser, Tools, nested_tools
+from ._stream import BufferedParser
+from ._text import held_suffix_len
+from .base import ParsedCall, ParserEvent, Tools, nested_tools
 
 # Replies that are a call list without markers, per format.
 _BARE_STARTS = {"pythonic": regex.compile(r"\[\s*[A-Za-z_][\w.]*\(")}
 
 
-class EndOnlyParser(ToolCallParser):
+class EndOnlyParser(BufferedParser):
     """Holds back call blocks of an mlx-lm format and parses them when closed."""
 
     streams_arguments = False
 
     def __init__(self, format_name: str, tools: Tools | None = None) -> None:
+        super().__init__()
         module = importlib.import_module(f"mlx_lm.tool_parsers.{format_name}")
         self.format_name = format_name
         self._parse: Callable[[str, Any], Any] = module.parse_tool_call
@@ -39,32 +41,17 @@ class EndOnlyParser(ToolCallParser):
         self._end: str = module.tool_call_end
         self._bare = _BARE_STARTS.get(format_name)
         self._tools = nested_tools(tools)
-        self._out = TextOutput()
-        self._calls: list[ParsedCall] = []
-        self._buf = ""
         self._at_start = True
         self._in_block = False
         self._bare_block = False
         self._searched = 0  # where to resume looking for the end marker
-        self._finished: FinalParse | None = None
 
-    def feed(self, text: str) -> list[ParserEvent]:
-        if self._finished is not None:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
-
-    def finish(self) -> FinalParse:
-        if self._finished is None:
-            self._run(final=True)
-            if self._in_block:
-                body = self._buf if self._bare_block else self._buf[len(self._start) :]
-                self._close(self._buf, body)
-            else:
-                self._out.add(self._buf)
-            self._buf = ""
-            self._finished = FinalParse(self._out.text, list(self._calls))
-        return self._finished
+    def _flush(self) -> None:
+        if self._in_block:
+            body = self._buf if self._bare_block else self._buf[len(self._start) :]
+            self._close(self._buf, body)
+        else:
+            self._out.add(self._buf)
 
     def _run(self, final: bool) -> list[ParserEvent]:
         events: list[ParserEvent] = []

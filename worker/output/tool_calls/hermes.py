@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from ._json_stream import JsonCallReader
 from ._stream import StreamingParser
-from ._text import held_suffix_len
-from .base import FinalParse, ParserEvent, Tools
+from .base import ParserEvent, Tools
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -22,43 +21,27 @@ class HermesParser(StreamingParser):
 
     def __init__(self, tools: Tools | None = None) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._in_block = False
         self._block_raw = ""
         self._block_ok = 0
         self._reader: JsonCallReader | None = None
 
-    def feed(self, text: str) -> list[ParserEvent]:
-        if self._finished is not None:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
-
-    def finish(self) -> FinalParse:
-        if self._finished is None:
-            self._run(final=True)
-            if self._in_block:
-                if self._reader is not None:
-                    ok, _ = self._settle_reader(self._reader)
-                    self._block_ok += ok
-                self._block_raw += self._buf
-                self._buf = ""
-                self._close_block()
-            self._finished = self._final()
-        return self._finished
+    def _flush(self) -> None:
+        if self._in_block:
+            if self._reader is not None:
+                ok, _ = self._settle_reader(self._reader)
+                self._block_ok += ok
+            self._block_raw += self._buf
+            self._close_block()
 
     def _run(self, final: bool) -> list[ParserEvent]:
         events: list[ParserEvent] = []
         while True:
             if not self._in_block:
-                pos = self._buf.find(OPEN)
-                if pos == -1:
-                    cut = len(self._buf) - (0 if final else held_suffix_len(self._buf, (OPEN,)))
-                    events += self._text(self._buf[:cut])
-                    self._buf = self._buf[cut:]
+                text_events, found = self._text_until(OPEN, final)
+                events += text_events
+                if not found:
                     return events
-                events += self._text(self._buf[:pos])
-                self._buf = self._buf[pos + len(OPEN) :]
                 self._in_block, self._block_raw, self._block_ok = True, OPEN, 0
                 continue
             if self._reader is not None:

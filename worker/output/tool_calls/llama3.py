@@ -13,8 +13,7 @@ from typing import Literal
 
 from ._json_stream import JsonCallReader
 from ._stream import StreamingParser
-from ._text import held_suffix_len
-from .base import FinalParse, ParserEvent, Tools
+from .base import ParserEvent, Tools
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -26,32 +25,20 @@ class Llama3Parser(StreamingParser):
 
     def __init__(self, tools: Tools | None = None) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state: _State = "start"
         self._tagged = False  # the current call was announced by <|python_tag|>
         self._call_raw = ""
         self._reader: JsonCallReader | None = None
 
-    def feed(self, text: str) -> list[ParserEvent]:
-        if self._finished is not None:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
-
-    def finish(self) -> FinalParse:
-        if self._finished is None:
-            self._run(final=True)
-            if self._state == "call" and self._reader is not None:
-                ok, _ = self._settle_reader(self._reader)
-                if not ok:
-                    self._text(self._call_raw)
-            elif self._state == "expect":
-                self._text(self._call_raw + self._buf)
-            else:
-                self._text(self._buf)
-            self._buf = ""
-            self._finished = self._final()
-        return self._finished
+    def _flush(self) -> None:
+        if self._state == "call" and self._reader is not None:
+            ok, _ = self._settle_reader(self._reader)
+            if not ok:
+                self._text(self._call_raw)
+        elif self._state == "expect":
+            self._text(self._call_raw + self._buf)
+        else:
+            self._text(self._buf)
 
     def _begin_call(self, tagged: bool, raw_prefix: str) -> None:
         self._state, self._tagged, self._call_raw = "expect", tagged, raw_prefix
@@ -76,14 +63,10 @@ class Llama3Parser(StreamingParser):
                     self._state = "text"
                 continue
             if self._state == "text":
-                pos = self._buf.find(PYTHON_TAG)
-                if pos == -1:
-                    cut = len(self._buf) - (0 if final else held_suffix_len(self._buf, (PYTHON_TAG,)))
-                    events += self._text(self._buf[:cut])
-                    self._buf = self._buf[cut:]
+                text_events, found = self._text_until(PYTHON_TAG, final)
+                events += text_events
+                if not found:
                     return events
-                events += self._text(self._buf[:pos])
-                self._buf = self._buf[pos + len(PYTHON_TAG) :]
                 self._begin_call(True, PYTHON_TAG)
                 continue
             if self._state == "expect":

@@ -15,8 +15,7 @@ import regex
 
 from ._json_stream import JsonCallReader, JsonScanner
 from ._stream import StreamingParser
-from ._text import held_suffix_len
-from .base import FinalParse, ParserEvent, Tools
+from .base import ParserEvent, Tools
 
 MARKER = "[TOOL_CALLS]"
 
@@ -31,7 +30,6 @@ class MistralParser(StreamingParser):
 
     def __init__(self, tools: Tools | None = None) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state: _State = "text"
         self._raw = ""  # markup consumed for the call being read (text if it fails)
         self._name = ""
@@ -39,27 +37,16 @@ class MistralParser(StreamingParser):
         self._args_text = ""
         self._reader: JsonCallReader | None = None
 
-    def feed(self, text: str) -> list[ParserEvent]:
-        if self._finished is not None:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
-
-    def finish(self) -> FinalParse:
-        if self._finished is None:
-            self._run(final=True)
-            if self._state == "element" and self._reader is not None:
-                ok, _ = self._settle_reader(self._reader)
-                if not ok:
-                    self._text(self._raw + self._reader.raw)
-                self._text(self._buf)
-            elif self._state in ("args", "section", "header", "list"):
-                self._text(self._raw + self._args_text + self._buf)
-            else:
-                self._text(self._buf)
-            self._buf = ""
-            self._finished = self._final()
-        return self._finished
+    def _flush(self) -> None:
+        if self._state == "element" and self._reader is not None:
+            ok, _ = self._settle_reader(self._reader)
+            if not ok:
+                self._text(self._raw + self._reader.raw)
+            self._text(self._buf)
+        elif self._state in ("args", "section", "header", "list"):
+            self._text(self._raw + self._args_text + self._buf)
+        else:
+            self._text(self._buf)
 
     def _fail(self, extra: str = "") -> list[ParserEvent]:
         """The call being read is not one: its markup goes back into the text."""
@@ -72,14 +59,10 @@ class MistralParser(StreamingParser):
         while True:
             state = self._state
             if state == "text":
-                pos = self._buf.find(MARKER)
-                if pos == -1:
-                    cut = len(self._buf) - (0 if final else held_suffix_len(self._buf, (MARKER,)))
-                    events += self._text(self._buf[:cut])
-                    self._buf = self._buf[cut:]
+                text_events, found = self._text_until(MARKER, final)
+                events += text_events
+                if not found:
                     return events
-                events += self._text(self._buf[:pos])
-                self._buf = self._buf[pos + len(MARKER) :]
                 self._state, self._raw = "section", MARKER
             elif state in ("section", "after"):
                 stripped = self._buf.lstrip()

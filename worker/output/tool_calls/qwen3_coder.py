@@ -27,7 +27,7 @@ import regex
 from ._schema_values import convert_value, streams_as_string
 from ._stream import StreamingParser
 from ._text import find_first, held_suffix_len
-from .base import FinalParse, ParserEvent, Tools, parameter_schemas
+from .base import ParserEvent, Tools, parameter_schemas
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -53,7 +53,6 @@ class Qwen3CoderParser(StreamingParser):
     def __init__(self, tools: Tools | None = None) -> None:
         super().__init__(tools)
         self._schemas = parameter_schemas(tools)
-        self._buf = ""
         self._state: _State = "text"
         self._block_raw = ""
         self._block_ok = 0
@@ -66,23 +65,12 @@ class Qwen3CoderParser(StreamingParser):
         self._value = ""  # raw value text so far (terminator not included)
         self._value_sent = 0  # characters of the trimmed value already sent
 
-    def feed(self, text: str) -> list[ParserEvent]:
-        if self._finished is not None:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
-
-    def finish(self) -> FinalParse:
-        if self._finished is None:
-            self._run(final=True)
-            if self._state == "text":
-                self._text(self._buf)
-            else:
-                self._block_raw += self._value + self._buf
-                self._close_block()
-            self._buf = ""
-            self._finished = self._final()
-        return self._finished
+    def _flush(self) -> None:
+        if self._state == "text":
+            self._text(self._buf)
+        else:
+            self._block_raw += self._value + self._buf
+            self._close_block()
 
     # -- helpers ---------------------------------------------------------
 
