@@ -80,7 +80,11 @@ class Kiln:
         self.procs.append(gw)
         for i in range(self.workers):
             self.add_worker()
-        self.wait_ready(timeout, self.workers)
+        try:
+            self.wait_ready(timeout, self.workers)
+        except BaseException:
+            self.stop()  # a fixture that fails here never reaches its own cleanup
+            raise
         return self
 
     def add_worker(self, extra: list[str] | None = None) -> Proc:
