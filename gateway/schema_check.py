@@ -14,8 +14,10 @@ hostile schema cannot stall the request path.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import re
+from collections import OrderedDict
 from typing import Any, Iterator
 
 import jsonschema
@@ -41,6 +43,11 @@ JSON_COMPILE_OPTIONS: dict[str, Any] = {
 
 # Keywords whose values are data, not subschemas: a "$ref" key inside them is not a reference.
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "x-guidance"})
+
+# Digests of schemas (serialized) that passed every check: a client sends the same schema on every
+# request, and the checks cost milliseconds on the event loop (the metaschema most of it).
+_ACCEPTED: OrderedDict[bytes, None] = OrderedDict()
+_ACCEPTED_LIMIT = 512
 
 # Grammar validation releases the GIL; a small pool lets us bound its wall time.
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="schema-check")
@@ -97,9 +104,16 @@ def check_json_schema(schema: Any, *, param: str) -> None:
             f"'{param}' is {size} bytes serialized; the limit is {MAX_SCHEMA_BYTES} bytes.",
             param=param,
         )
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    if digest in _ACCEPTED:
+        _ACCEPTED.move_to_end(digest)
+        return
     _check_metaschema(schema, param)
     _check_refs(schema, param)
     _check_compiles(text, param)
+    _ACCEPTED[digest] = None
+    if len(_ACCEPTED) > _ACCEPTED_LIMIT:
+        _ACCEPTED.popitem(last=False)
 
 
 def _check_metaschema(schema: dict, param: str) -> None:
