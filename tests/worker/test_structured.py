@@ -23,6 +23,7 @@ from kiln.worker.structured import (
     ConstraintProcessor,
     GrammarCompiler,
     GrammarError,
+    bounded_formats,
     tool_call_grammar,
 )
 
@@ -167,6 +168,61 @@ def test_data_schema_walk_validates(compiler, tokenizer, token_lengths, name):
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=[p.stem for p in SCHEMA_FILES])
 def test_every_data_schema_walk_validates(compiler, tokenizer, token_lengths, path):
     _walk_validates(compiler, tokenizer, token_lengths, path.stem, range(3))
+
+
+def test_formatted_strings_get_their_natural_length_bound():
+    schema = {
+        "type": "object",
+        "properties": {
+            "to": {"type": "array", "items": {"type": "string", "format": "email"}},
+            "when": {"type": "string", "format": "date-time", "maxLength": 25},
+            "format": {"type": "string", "enum": ["email"]},
+            "site": {"type": "string", "format": "uri"},
+        },
+        "default": {"format": "email"},
+    }
+    bounded = bounded_formats(schema)
+    assert bounded["properties"]["to"]["items"]["maxLength"] == 254
+    when = bounded["properties"]["when"]
+    assert "format" not in when and when["pattern"].startswith("^") and when["maxLength"] == 25
+    assert "maxLength" not in bounded["properties"]["format"]  # a property named "format"
+    assert "maxLength" not in bounded["properties"]["site"]  # no natural bound for a URI
+    assert bounded["default"] == {"format": "email"}  # data, not a subschema
+    assert "maxLength" not in schema["properties"]["to"]["items"]  # the input is not modified
+
+
+@pytest.mark.parametrize("fmt", ["date-time", "date", "time"])
+def test_narrowed_dates_and_times_pass_python_validators(compiler, tokenizer, token_lengths, fmt):
+    """Random walks through a date/time field give values jsonschema's format checker accepts
+    (RFC 3339's own grammar admits second 60 and February 30, which it refuses)."""
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt}}, "required": ["v"], "additionalProperties": False}
+    stops = set(compiler.stop_token_ids)
+    for seed in range(12):
+        processor = compiler.processor_for({"type": "json_schema", "name": "when", "schema": schema})
+        _validator(schema).validate(json.loads(tokenizer.decode(_walk(processor, stops, token_lengths, seed))))
+
+
+def test_rambling_inside_an_email_ends_at_its_bound(compiler, tokenizer, token_lengths):
+    """A sampler that prefers long tokens and never closes the string by choice still ends:
+    the address cannot grow past 254 characters."""
+    schema = {"type": "object", "properties": {"email": {"type": "string", "format": "email"}}, "required": ["email"], "additionalProperties": False}
+    processor = compiler.processor_for({"type": "json_schema", "name": "contact", "schema": schema})
+    rng = np.random.default_rng(0)
+    bias = 0.5 * token_lengths
+    bias[_CLOSERS] -= 50.0
+    context, out, stops = [1, 2, 3], [], set(compiler.stop_token_ids)
+    for _ in range(400):
+        noise = rng.gumbel(size=token_lengths.shape[0]).astype(np.float32) + bias
+        token = int(mx.argmax(processor(mx.array(context), mx.array(noise)[None]), axis=-1).item())
+        context.append(token)
+        if token in stops:
+            break
+        out.append(token)
+    else:
+        pytest.fail("the email string never ended")
+    value = json.loads(tokenizer.decode(out))
+    assert 0 < len(value["email"]) <= 254
+    _validator(schema).validate(value)
 
 
 def test_json_object_allows_any_object_only(compiler, tokenizer, token_lengths):
