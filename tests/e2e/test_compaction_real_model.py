@@ -17,22 +17,30 @@ WINDOW = 8192
 CITIES = ["Oslo", "Lima", "Hanoi", "Dakar", "Quito", "Perth", "Turin", "Cusco", "Riga", "Accra"]
 
 
-def user_turn(n: int) -> str:
-    """About 120 tokens of facts a user might want remembered."""
+def user_turn(n: int, long: bool = False) -> str:
+    """About 110 tokens (``long``: about 210) of facts a user might want remembered."""
     city = CITIES[n % len(CITIES)]
-    return (
+    text = (
         f"Turn {n}. Please note the delivery plan for {city}: parcel {n} weighs {n + 3} kg, "
         f"leaves the depot at {6 + n % 12}:15, travels by {'rail' if n % 2 else 'road'}, and must "
         f"be signed for by the site manager, whose badge number is {1000 + 37 * n}. The customer "
         f"asked for a call {n % 5 + 1} hours before arrival, a spare pallet, and a copy of the "
-        f"invoice in the box. Reply with a one-line confirmation of the weight and the city."
+        f"invoice in the box."
     )
+    if long:
+        text += (
+            f" The loading bay at {city} closes at {14 + n % 6}:00 on weekdays, so the driver must "
+            f"phone the gate on extension {200 + n} when the truck is twenty minutes away. Parcel "
+            f"{n} holds {n % 7 + 2} boxes of spare parts and one crate of glassware marked fragile; "
+            f"the crate must stay upright and travel on the top shelf, away from the doors."
+        )
+    return text + " Reply with a one-line confirmation of the weight and the city."
 
 
-def turn(http, n: int, previous: str | None, threshold: int) -> tuple[dict, list[dict], list[str]]:
+def turn(http, n: int, previous: str | None, threshold: int, long: bool = False) -> tuple[dict, list[dict], list[str]]:
     body = {
         "model": MODEL,
-        "input": [{"role": "user", "content": user_turn(n)}],
+        "input": [{"role": "user", "content": user_turn(n, long)}],
         "max_output_tokens": 40,
         "temperature": 0,
         "context_management": [{"type": "compaction", "compact_threshold": threshold}],
@@ -75,10 +83,11 @@ def test_auto_compaction_at_the_threshold_then_chains_without_compacting_again(h
 
 @pytest.mark.slow
 def test_forty_turns_stay_inside_the_window(http):
-    """Without compaction 40 such turns would need ~8,000 tokens of history by the end."""
+    """Each turn adds ~250 tokens: without compaction the history would outgrow the 8192-token
+    window around turn 33. With a threshold of 5000 it is compacted whenever it gets there."""
     previous, rows = None, []
     for n in range(1, 41):
-        response, events, _ = turn(http, n, previous, threshold=3000)
+        response, events, _ = turn(http, n, previous, threshold=5000, long=True)
         assert response["status"] in ("completed", "incomplete"), (n, response.get("error"))
         usage = response["usage"]
         before = after = None
