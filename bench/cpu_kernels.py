@@ -28,7 +28,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from kiln.worker.engine.layout import _swap_all, _undo  # noqa: E402
+from kiln.worker.engine.layout import input_major_while  # noqa: E402
 from kiln.worker.loading import load_model  # noqa: E402
 
 
@@ -87,10 +87,8 @@ def main() -> None:
     print(f"device {mx.default_device()}; medians of {opts.reps}\n")
     print("decode step (ms)            stored  transposed")
     stock = [decode_step_ms(model, rows, opts.reps) for rows in (1, 8)]
-    undo = _swap_all(model)
-    mx.eval(model.parameters())
-    swapped = [decode_step_ms(model, rows, opts.reps) for rows in (1, 8)]
-    _undo(undo)
+    with input_major_while(model):
+        swapped = [decode_step_ms(model, rows, opts.reps) for rows in (1, 8)]
     for rows, a, b in zip((1, 8), stock, swapped):
         print(f"  {rows} row(s)                  {a:6.1f}  {b:10.1f}")
     print("\n210 layer matmuls, 1 row (ms)")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -108,6 +110,17 @@ def _swap_all(model: nn.Module) -> list[tuple[object, object, object]]:
 def _undo(undo: list[tuple[object, object, object]]) -> None:
     for container, key, original in reversed(undo):
         container[key] = original
+
+
+@contextmanager
+def input_major_while(model: nn.Module) -> Iterator[None]:
+    """Dense weights stored input-major inside the block only (for measuring both layouts)."""
+    undo = _swap_all(model)
+    mx.eval(model.parameters())
+    try:
+        yield
+    finally:
+        _undo(undo)
 
 
 def use_input_major_weights(model: nn.Module) -> int:
