@@ -29,6 +29,8 @@ class Settings:
     # Server key that seals reasoning and compaction content handed to clients.
     secret_key: str | None = None
     reasoning_echo_max_bytes: int = 16 << 20
+    # Sampling temperature for requests that set none (OpenAI's default, 1.0, when None).
+    default_temperature: float | None = None
     # Hosted mode (spec/hosted-gateway.md; docs/hosted.md). auth "keys": API keys per organization,
     # metering, credits and concurrency limits from the accounts database.
     auth: str = "none"

@@ -36,6 +36,8 @@ def _owner(request: Request) -> object:
 async def _body(request: Request) -> dict:
     settings = request.app.state.settings
     body = validate_create(await read_json(request, settings.max_body_bytes), hosted_tools=settings.hosted_tools)
+    if body.get("temperature") is None and settings.default_temperature is not None:
+        body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
     session = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
     if session is not None:
         body[SESSION_FIELD] = session[:256]

@@ -73,7 +73,9 @@ class LoggedKiln(Kiln):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.request_log = self.tmp / "requests.jsonl"
-        self.env = {**self.env, "KILN_REQUEST_LOG": str(self.request_log)}
+        # Codex sends no temperature; at OpenAI's default of 1 the 135M model rambles to the cap
+        # often enough to make these tests flaky, so the server's default is greedy here.
+        self.env = {**self.env, "KILN_REQUEST_LOG": str(self.request_log), "KILN_DEFAULT_TEMPERATURE": "0"}
 
     def start(self, timeout: float = 300) -> "LoggedKiln":
         # As Kiln.start, with the gateway run through kiln.gateway.request_log (which installs the

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from ..conformance import assert_response
 from ..support import Kiln
 
 MODEL = "kiln-scripted"
@@ -118,3 +119,18 @@ def test_session_header_routes_like_prompt_cache_key(pair, client):
     with busy(pair.base_url, sticky_key):
         assert served_by(client, {}, headers={"session-id": "codex-session-1"}) == first
         assert served_by(client, {"prompt_cache_key": "explicit-key-wins"}, headers={"session-id": "codex-session-1"}) != first
+
+
+def test_server_default_temperature_applies_only_when_the_request_sets_none(tmp_path):
+    """Not routing, but the same two-process setup: ``--default-temperature`` is what runs (and
+    is echoed) for requests without a temperature; a request's own value wins."""
+    server = Kiln(tmp_path, gateway_args=["--default-temperature", "0.2"], worker_args=["--engine", "scripted"]).start(timeout=60)
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=60) as c:
+            plain = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 16}).json()
+            own = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 16, "temperature": 1.3}).json()
+        assert_response(plain)
+        assert_response(own)
+        assert plain["temperature"] == 0.2 and own["temperature"] == 1.3
+    finally:
+        server.stop()
