@@ -54,11 +54,14 @@ def _turns(kiln: LoggedKiln) -> list[dict]:
 
 
 def _two_turns(home: CodexHome) -> tuple[dict, dict]:
-    """(a) one `codex exec` turn, (b) `codex exec resume --last`; the two logged requests."""
+    """(a) one `codex exec` turn, (b) `codex exec resume --last`; the two logged requests.
+
+    The server is shared by the module's tests, so only the turns logged from here on count."""
+    earlier = len(_turns(home.kiln))
     first = home.exec(TURN1)
     assert first.returncode == 0, home.report()
     assert first.stdout.strip(), "codex printed no reply\n" + home.report()
-    turns = _turns(home.kiln)
+    turns = _turns(home.kiln)[earlier:]
     assert len(turns) == 1, home.report()
     t1 = turns[0]
     assert t1["status"] == 200 and t1["terminal"] == "response.completed", home.report()
@@ -68,7 +71,7 @@ def _two_turns(home: CodexHome) -> tuple[dict, dict]:
     second = home.exec(TURN2, resume=True)
     assert second.returncode == 0, home.report()
     assert second.stdout.strip(), "codex printed no reply to the resumed turn\n" + home.report()
-    turns = _turns(home.kiln)
+    turns = _turns(home.kiln)[earlier:]
     assert len(turns) == 2, home.report()
     t2 = turns[1]
     assert t2["terminal"] == "response.completed", home.report()
