@@ -19,6 +19,8 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -86,66 +88,76 @@ def _probe(model: nn.Module) -> mx.array:
     return logits
 
 
-def _swap_all(model: nn.Module) -> list[tuple[object, object, object]]:
-    """Swap every dense Linear (and an Embedding used as a tied head) in place; return how
-    to undo it as (container, key, original) triples."""
+@dataclass
+class _Swap:
+    """One dense module and its input-major copy, and where the model holds it."""
+
+    container: Any  # the parent module, or the list holding the layer
+    key: Any  # attribute name or list index
+    stock: nn.Module
+    input_major: nn.Module
+
+
+def _swaps(model: nn.Module) -> list[_Swap]:
+    """An input-major copy of every dense Linear (and of an Embedding used as a tied head)."""
     tied = bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
-    undo: list[tuple[object, object, object]] = []
+    out: list[_Swap] = []
     for _, parent in model.named_modules():
         for name, child in parent.children().items():
-            if isinstance(child, list):
-                for i, item in enumerate(child):
-                    new = _swap_for(item, tied)
-                    if new is not None:
-                        undo.append((child, i, item))
-                        child[i] = new
-            else:
-                new = _swap_for(child, tied)
-                if new is not None:
-                    undo.append((parent, name, child))
-                    parent[name] = new
-    return undo
+            items = enumerate(child) if isinstance(child, list) else [(name, child)]
+            container = child if isinstance(child, list) else parent
+            for key, item in items:
+                copy = _swap_for(item, tied)
+                if copy is not None:
+                    out.append(_Swap(container, key, item, copy))
+    return out
 
 
-def _undo(undo: list[tuple[object, object, object]]) -> None:
-    for container, key, original in reversed(undo):
-        container[key] = original
+def _use(swaps: list[_Swap], input_major: bool) -> None:
+    for swap in swaps:
+        swap.container[swap.key] = swap.input_major if input_major else swap.stock
+
+
+def _verified_swaps(model: nn.Module) -> list[_Swap]:
+    """The swaps, applied, if the model computes the same with them; else none (undone).
+
+    The model is run on a short probe before and after: a model that reads ``.weight``
+    directly would disagree."""
+    before = _probe(model)
+    swaps = _swaps(model)
+    if not swaps:
+        return []
+    _use(swaps, True)
+    mx.eval(model.parameters())
+    try:
+        ok = bool(mx.allclose(_probe(model), before, rtol=1e-3, atol=1e-3).item())
+    except Exception:
+        ok = False
+    if not ok:
+        _use(swaps, False)
+        return []
+    return swaps
 
 
 @contextmanager
 def input_major_while(model: nn.Module) -> Iterator[None]:
     """Dense weights stored input-major inside the block only (for measuring both layouts)."""
-    undo = _swap_all(model)
+    swaps = _swaps(model)
+    _use(swaps, True)
     mx.eval(model.parameters())
     try:
         yield
     finally:
-        _undo(undo)
+        _use(swaps, False)
 
 
 def use_input_major_weights(model: nn.Module) -> int:
     """Swap every dense Linear (and an Embedding used as a tied head) in place.
 
-    Returns how many modules were swapped. The model is run on a short probe before and
-    after; if it fails or disagrees afterwards (a model that reads .weight directly),
-    every swap is undone and 0 is returned.
+    Returns how many modules were swapped; 0 when the swapped model would compute something
+    else (then nothing is changed).
     """
-    before = _probe(model)
-    undo = _swap_all(model)
-    if not undo:
-        return 0
-    mx.eval(model.parameters())
-    if not _agrees(model, before):
-        _undo(undo)
-        return 0
-    return len(undo)
-
-
-def _agrees(model: nn.Module, before: mx.array) -> bool:
-    try:
-        return bool(mx.allclose(_probe(model), before, rtol=1e-3, atol=1e-3).item())
-    except Exception:
-        return False
+    return len(_verified_swaps(model))
 
 
 def _decode_step_seconds(model: nn.Module, steps: int) -> float:
@@ -174,27 +186,21 @@ def choose_weight_layout(model: nn.Module, *, steps: int = 3, rounds: int = 2, m
     """
     if sum(v.nbytes for _, v in tree_flatten(model.parameters())) > max_bytes:
         return False
-    before = _probe(model)
+    swaps = _verified_swaps(model)  # applied: the model is input-major now
+    if not swaps:
+        return False
     stock: list[float] = []
     swapped: list[float] = []
     for _ in range(rounds):
-        stock.append(_decode_step_seconds(model, steps))
-        undo = _swap_all(model)
-        if not undo:
-            return False
-        mx.eval(model.parameters())
-        if not _agrees(model, before):
-            _undo(undo)
-            return False
+        _use(swaps, True)
         swapped.append(_decode_step_seconds(model, steps))
-        _undo(undo)
+        _use(swaps, False)
+        stock.append(_decode_step_seconds(model, steps))
     ms_stock, ms_swapped = 1e3 * statistics.median(stock), 1e3 * statistics.median(swapped)
-    if ms_swapped < ms_stock:
-        use_input_major_weights(model)
-        log.info("weight layout: input-major (%.1f ms per decode step, stock %.1f ms)", ms_swapped, ms_stock)
-        return True
-    log.info("weight layout: stock (%.1f ms per decode step, input-major %.1f ms)", ms_stock, ms_swapped)
-    return False
+    faster = ms_swapped < ms_stock
+    _use(swaps, faster)
+    log.info("weight layout: %s (%.1f ms per decode step; stock %.1f, input-major %.1f)", "input-major" if faster else "stock", min(ms_stock, ms_swapped), ms_stock, ms_swapped)
+    return faster
 
 
 def on_cpu() -> bool:
