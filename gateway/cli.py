@@ -76,7 +76,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
     stores = store_settings(options)
     stores["secret_key"] = options.pop("secret_key")
     stores["reasoning_echo_max_bytes"] = options.pop("reasoning_echo_max_bytes")
-    stores["default_temperature"] = options.pop("default_temperature")
+    default_temperature = options.pop("default_temperature")
     hosted = hosted_settings(host, options)
     settings = Settings(
         host=host,
@@ -85,6 +85,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
         max_body_bytes=max_body_bytes,
         heartbeat_timeout_s=heartbeat_timeout,
         hosted_tools=hosted_tools,
+        default_temperature=default_temperature,
         **stores,
         **hosted,
     )

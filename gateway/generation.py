@@ -118,7 +118,6 @@ class Generation:
         finally:
             self.pool.close(self.channel, cancel=not self.channel.finished)
 
-
     def _apply(self, event: dict[str, Any]) -> dict[str, Any]:
         """One worker event, placed after any prefix items and folded into the response."""
         if self.timer is not None:

@@ -205,7 +205,7 @@ def tool_call_grammar(
     for i, (name, params) in enumerate(selected):
         head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
         lines.append(f'fn_{i}: {_lark_string(head)} args_{i} "}}"')
-        schema = bounded_formats(dict(params))
+        schema = bounded_formats(params)  # a copy
         schema["x-guidance"] = {**(schema.get("x-guidance") or {}), **TOOL_ARGS_OPTIONS}
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return "\n".join(lines) + "\n"
