@@ -62,7 +62,9 @@ class ScriptedScheduler:
 
     def submit(self, request: EngineRequest) -> int:
         with self._lock:
-            if self._waiting.qsize() >= self.queue_depth:
+            # Same admission rule as the real Scheduler: queue_depth beyond the free slots.
+            free = max(0, self.capacity - len(self._active))
+            if self._waiting.qsize() >= self.queue_depth + free:
                 raise QueueFull()
             self._next += 1
             handle = self._next

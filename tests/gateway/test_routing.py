@@ -62,6 +62,7 @@ def served_by(client: httpx.Client, body: dict, headers: dict | None = None) -> 
 def busy(base_url: str, key: str, streams: int = 1, body: dict | None = None, model: str = MODEL) -> Iterator[None]:
     """Keep the worker that ``key`` sticks to busy with long streams until the block ends."""
     started = threading.Barrier(streams + 1)
+    endings: list[str] = []
 
     def run() -> None:
         with httpx.Client(base_url=base_url, timeout=600) as c:
@@ -71,8 +72,11 @@ def busy(base_url: str, key: str, streams: int = 1, body: dict | None = None, mo
                     if "response.in_progress" in line:  # routed and sent to its worker
                         break
                 started.wait()
-                for _ in lines:
-                    pass
+                last = ""
+                for line in lines:
+                    if line.startswith("event: "):
+                        last = line.removeprefix("event: ")
+                endings.append(last)
 
     threads = [threading.Thread(target=run) for _ in range(streams)]
     for t in threads:
@@ -83,6 +87,8 @@ def busy(base_url: str, key: str, streams: int = 1, body: dict | None = None, mo
     finally:
         for t in threads:
             t.join(timeout=600)
+    # A stream the worker refused (queue full) would not have kept it busy.
+    assert endings == ["response.completed"] * streams, endings
 
 
 def test_key_goes_back_to_its_worker_even_when_it_is_the_busier_one(pair, client):

@@ -432,9 +432,10 @@ def test_model_failure_fails_batch_and_engine_recovers(model, make_scheduler):
 
 
 def test_queue_full_and_validation(make_scheduler):
-    s = make_scheduler(queue_depth=2)
-    Run([1, 2], temperature=0, max_tokens=1).submit(s)
-    Run([1, 2], temperature=0, max_tokens=1).submit(s)
+    # Not started, so nothing leaves the queue: one free batch slot plus two queued fit.
+    s = make_scheduler(queue_depth=2, max_batch=1)
+    for _ in range(3):
+        Run([1, 2], temperature=0, max_tokens=1).submit(s)
     with pytest.raises(QueueFull):
         Run([1, 2], temperature=0, max_tokens=1).submit(s)
     with pytest.raises(ValueError):
@@ -442,7 +443,7 @@ def test_queue_full_and_validation(make_scheduler):
     with pytest.raises(ValueError):
         Run([1], top_logprobs=21).submit(s)
     stats = s.stats()
-    assert stats["queued"] == 2 and stats["active"] == 0
+    assert stats["queued"] == 3 and stats["active"] == 0
     assert set(stats) == {"active", "queued", "cache_hits", "cache_lookups", "cached_tokens_total", "cache_bytes"}
 
 

@@ -96,7 +96,10 @@ class Scheduler:
         with self._cv:
             if self._stopping:
                 raise RuntimeError("scheduler stopped")
-            if len(self._waiting) >= self.queue_depth:
+            # Requests not yet moved into a free batch slot are not queued in the user's
+            # sense: the limit is queue_depth beyond the slots still free, as the gateway counts.
+            free = max(0, self.max_batch - len(self._batch) - len(self._prefills))
+            if len(self._waiting) >= self.queue_depth + free:
                 raise QueueFull(f"{len(self._waiting)} requests already waiting")
             handle = next(self._handles)
             self._waiting.append((handle, req))
