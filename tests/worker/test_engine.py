@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx.utils import tree_map
 from mlx_lm.generate import generate_step
@@ -19,6 +20,9 @@ from mlx_lm.sample_utils import greedy_sampler
 from kiln.worker.engine import EngineRequest, QueueFull, SamplingParams, Scheduler, Step
 from kiln.worker.engine.cache import PrefixCache
 from kiln.worker.engine.layout import choose_weight_layout
+from kiln.worker.engine.native_decode import NativeLlamaDecoder
+from kiln.worker.loading.device import cast_floating, dequantize_modules
+from kiln.worker.native import quant_matmul
 
 VOCAB = 256
 
@@ -42,9 +46,26 @@ def tiny_llama():
     return m
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama()
+def packed_tiny_llama():
+    """The tiny llama quantized to 4 bits, then prepared as "auto" prepares it on the CPU:
+    float32 layers for prefill that decode through the native kernel (and, being a llama,
+    through the native decode step)."""
+    kernel = quant_matmul()
+    if kernel is None:
+        pytest.skip("no C compiler for the native CPU kernels")
+    m = tiny_llama()
+    nn.quantize(m, group_size=32, bits=4)
+    cast_floating(m, mx.float16)  # scales as checkpoints store them
+    dequantize_modules(m, mx.float32, kernel)
+    mx.eval(m.parameters())
+    assert NativeLlamaDecoder.build(m) is not None  # checked against mlx's forward inside
+    return m
+
+
+@pytest.fixture(scope="module", params=["dense", "packed"])
+def model(request):
+    """Every scheduler test runs on plain float32 weights and on packed ones."""
+    return tiny_llama() if request.param == "dense" else packed_tiny_llama()
 
 
 @pytest.fixture
@@ -419,6 +440,8 @@ def test_model_failure_fails_batch_and_engine_recovers(model, make_scheduler):
     s = make_scheduler(cache_bytes=0)
     s._model = flaky
     s._batch.model = flaky
+    if s._batch._native is not None:  # packed weights decode natively: fail that step instead
+        flaky = s._batch._native = Flaky(s._batch._native)
     runs = [Run(prompt_for(i, 6), temperature=0, max_tokens=100_000).submit(s) for i in range(3)]
     s.start()
     for r in runs:

@@ -9,7 +9,9 @@ rows for us.
 
 Pipelining (as mlx-lm's generate_step does): step() feeds the tokens sampled by the
 previous step, queues the next forward pass with async_eval, and only then waits for the
-previous step's results, so the host's bookkeeping overlaps the model's compute.
+previous step's results, so the host's bookkeeping overlaps the model's compute. The
+native CPU decode step (native_decode.py) runs on the calling thread instead; only the
+sampling after it is queued.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
+from .native_decode import NativeLlamaDecoder
 from .sampling import Sampler, sample_rows, top_k_logprobs
 from .types import EngineRequest
 
@@ -67,6 +70,8 @@ class DecodeBatch:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        # On the CPU, llama-family models with packed weights decode outside mlx's graph.
+        self._native = NativeLlamaDecoder.build(model)
         self.rows: list[Row] = []
         self._cache: list[BatchKVCache] = []
         self._inputs: mx.array | None = None  # (B,) tokens the next step feeds
@@ -146,7 +151,10 @@ class DecodeBatch:
         """Advance every row by one token; return the tokens due for delivery."""
         rows = self.rows
         inputs = self._inputs
-        logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
+        if self._native is not None and len(rows) <= self._native.max_rows:
+            logits = self._native(inputs[:, None], self._cache)
+        else:
+            logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
         logits, contexts = self._apply_processors(logits, inputs)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         nxt = sample_rows(logprobs, [r.sampler for r in rows])

@@ -19,6 +19,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..native import QuantMatmul, quant_matmul
+from .packed import PackedEmbedding, PackedLinear, PackedWeights
+
 WeightsChoice = Literal["auto", "native", "float32", "float16", "bfloat16"]
 WEIGHTS_CHOICES: tuple[str, ...] = ("auto", "native", "float32", "float16", "bfloat16")
 
@@ -42,28 +45,36 @@ def resolve_weights(choice: str) -> str:
     return choice
 
 
-def dequantize_modules(model: nn.Module, dtype: mx.Dtype) -> int:
+def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: QuantMatmul | None = None) -> int:
     """Replace QuantizedLinear/QuantizedEmbedding by dense layers in `dtype`.
 
     Returns the number of modules replaced. Biases of linear layers and all
     other parameters (norms) are cast to `dtype` too, so the model computes in
-    one precision.
+    one precision. With a native `kernel` (float32 only), layers it supports keep
+    their packed weights for decoding (see packed.py).
     """
     replaced: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
+        if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        dense = _dequantized(module).astype(dtype)
+        packed = None
+        if kernel is not None and dtype == mx.float32 and PackedWeights.supports(module):
+            packed = PackedWeights(module, kernel)
         if isinstance(module, nn.QuantizedLinear):
-            dense = _dequantized(module).astype(dtype)
-            has_bias = "bias" in module
-            layer = nn.Linear(dense.shape[1], dense.shape[0], bias=has_bias)
-            layer.weight = dense
-            if has_bias:
-                layer.bias = module.bias.astype(dtype)
-        elif isinstance(module, nn.QuantizedEmbedding):
-            dense = _dequantized(module).astype(dtype)
+            bias = module.bias.astype(dtype) if "bias" in module else None
+            if packed is not None:
+                layer = PackedLinear(dense, bias, packed)
+            else:
+                layer = nn.Linear(dense.shape[1], dense.shape[0], bias=bias is not None)
+                layer.weight = dense
+                if bias is not None:
+                    layer.bias = bias
+        elif packed is not None:
+            layer = PackedEmbedding(dense, packed)
+        else:
             layer = nn.Embedding(dense.shape[0], dense.shape[1])
             layer.weight = dense
-        else:
-            continue
         replaced.append((name, layer))
     if replaced:
         model.update_modules(tree_unflatten(replaced))
@@ -104,6 +115,8 @@ def prepare_weights(model: nn.Module, choice: str = "auto") -> str:
     """
     resolved = resolve_weights(choice)
     if resolved != "native":
-        dequantize_modules(model, _DTYPES[resolved])
+        # "auto" on the CPU also keeps the packed weights for the native decode kernel.
+        kernel = quant_matmul() if choice == "auto" and on_cpu() else None
+        dequantize_modules(model, _DTYPES[resolved], kernel)
         mx.eval(model.parameters())
     return resolved

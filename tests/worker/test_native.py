@@ -1,0 +1,46 @@
+"""The native CPU kernel multiplies exactly what mlx's dequantize gives, for every shape it takes."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from kiln.worker.native import quant_matmul
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = quant_matmul()
+    if k is None:
+        pytest.skip("no C compiler for the native CPU kernels")
+    return k
+
+
+def quantized(out_dims: int, in_dims: int, bits: int, group_size: int, seed: int):
+    mx.random.seed(seed)
+    w = mx.random.normal((out_dims, in_dims)) * 0.1
+    q, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+    dense = mx.dequantize(q, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group_size, bits=bits)
+    return np.array(q).view(np.uint8), np.array(scales), np.array(biases), np.array(dense)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_matches_dequantized_matmul(kernel, bits, group_size, rows):
+    q, scales, biases, dense = quantized(77, 384, bits, group_size, seed=bits * group_size + rows)
+    x = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float32)
+    y = kernel(x, q, scales, biases, bits, group_size)
+    np.testing.assert_allclose(y, x @ dense.T, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_beyond_the_kernel_are_refused(kernel):
+    q, scales, biases, _ = quantized(8, 64, 4, 32, seed=1)
+    with pytest.raises(ValueError):
+        kernel(np.zeros((kernel.max_rows + 1, 64), np.float32), q, scales, biases, 4, 32)
+
+
+def test_built_once_and_reused(kernel):
+    assert quant_matmul() is kernel

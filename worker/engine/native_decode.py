@@ -1,0 +1,177 @@
+"""A decode step for llama-family models on the CPU, outside mlx's graph.
+
+Why: on the CPU mlx runs every small op of a decode step (norms, rope, the attention over a
+few hundred keys, SwiGLU) as its own task on its own thread, and with the weights' matmuls
+done by the native kernel (loading/packed.py) the step is dominated by those hand-offs: a
+decode step of SmolLM2 spent ~25 ms waiting on ~20 tiny mlx ops per layer. Here the same
+arithmetic runs in numpy on the calling thread, the matmuls in the native kernel, and mlx is
+used for one thing only: appending each layer's new keys and values to mlx-lm's
+BatchKVCache, so the prefix cache, row extraction and the prefill path (all mlx) see exactly
+the cache they always did.
+
+It handles mlx-lm's llama ``Model`` (SmolLM2, Llama, Mistral) when every projection and the
+output head are packed and rope is the plain kind; anything else decodes through mlx as
+before. ``build`` checks its output against the mlx forward pass on the real weights before
+it is used, so a model that only looks alike is refused rather than decoded wrongly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models import llama
+from mlx_lm.models.cache import BatchKVCache
+
+from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Layer:
+    attn_norm: np.ndarray
+    mlp_norm: np.ndarray
+    q: PackedWeights
+    k: PackedWeights
+    v: PackedWeights
+    o: PackedWeights
+    gate: PackedWeights
+    up: PackedWeights
+    down: PackedWeights
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
+
+
+def _packed(module: nn.Module) -> PackedWeights | None:
+    if type(module) is PackedLinear and "bias" not in module:
+        return module._packed
+    return None
+
+
+class NativeLlamaDecoder:
+    """Logits for one new token per row, given mlx-lm BatchKVCaches holding each row's past."""
+
+    def __init__(self, model: llama.Model, layers: list[_Layer], head: PackedWeights) -> None:
+        inner = model.model
+        attn = inner.layers[0].self_attn
+        self.max_rows = head.kernel.max_rows
+        self._embedding = np.asarray(inner.embed_tokens.weight)
+        self._layers = layers
+        self._final_norm = np.asarray(inner.norm.weight)
+        self._eps = inner.norm.eps
+        self._head = head
+        self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        self._scale = attn.scale
+        rope = attn.rope
+        half = rope.dims // 2
+        self._inv_freq = (rope.base ** (-np.arange(half, dtype=np.float64) / half)).astype(np.float64)
+        self._rope_scale = rope.scale
+        self._traditional = rope.traditional
+
+    @classmethod
+    def build(cls, model: nn.Module) -> NativeLlamaDecoder | None:
+        """The decoder for ``model``, or None where it does not apply or does not match mlx."""
+        if type(model) is not llama.Model:
+            return None
+        inner = model.model
+        if getattr(inner, "swa_idx", None) is not None or not inner.layers:
+            return None
+        head_module = inner.embed_tokens if model.args.tie_word_embeddings else model.get("lm_head")
+        if type(head_module) is PackedEmbedding:
+            head = head_module._packed
+        else:
+            head = _packed(head_module) if head_module is not None else None
+        if head is None:
+            return None
+        layers = []
+        for block in inner.layers:
+            attn, mlp = block.self_attn, block.mlp
+            if type(attn.rope) is not nn.RoPE or attn.rope.dims != attn.head_dim:
+                return None
+            if type(mlp) is not llama.MLP:
+                return None
+            parts = [_packed(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+            if any(p is None for p in parts) or block.input_layernorm.eps != inner.norm.eps:
+                return None
+            layers.append(_Layer(np.asarray(block.input_layernorm.weight), np.asarray(block.post_attention_layernorm.weight), *parts))
+        decoder = cls(model, layers, head)
+        if not decoder._matches(model):
+            log.warning("native decode step disagrees with mlx on this model: decoding through mlx")
+            return None
+        return decoder
+
+    def _matches(self, model: nn.Module) -> bool:
+        """Two rows (one left-padded) decoded both ways after the same prefill agree."""
+        prompts = [[1 + (7 * i) % 97 for i in range(12)], [3 + (5 * i) % 89 for i in range(9)]]
+        logits = []
+        for native in (False, True):
+            cache = [BatchKVCache([0, 3]) for _ in model.model.layers]
+            padded = [prompts[0], [0, 0, 0] + prompts[1]]
+            model(mx.array(padded), cache=cache)
+            step = mx.array([[5], [11]])
+            logits.append(np.array(self(step, cache) if native else model(step, cache=cache)[:, -1, :]))
+        ref, ours = logits
+        return bool(np.allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max())))
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def _rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x: (B, heads, d); cos/sin: (B, 1, d/2). Rotates pairs (2i, 2i+1) ("traditional",
+        as GGUF llamas are loaded) or (i, i + d/2)."""
+        if self._traditional:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            out = np.empty_like(x)
+            out[..., 0::2] = x1 * cos - x2 * sin
+            out[..., 1::2] = x1 * sin + x2 * cos
+            return out
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+    def _attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, masked: np.ndarray) -> np.ndarray:
+        """q: (B, H, d); keys/values: (B, KVH, S, d); masked: (B, S) True where a key is padding."""
+        rows = q.shape[0]
+        group = self._heads // self._kv_heads
+        q = q.reshape(rows, self._kv_heads, group, self._head_dim)
+        scores = np.matmul(q, keys.transpose(0, 1, 3, 2)) * self._scale  # (B, KVH, group, S)
+        scores = np.where(masked[:, None, None, :], -np.inf, scores)
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return np.matmul(scores, values).reshape(rows, self._heads * self._head_dim)
+
+    def __call__(self, tokens: mx.array, cache: list[BatchKVCache]) -> mx.array:
+        """tokens: (B, 1) with B <= max_rows. Returns logits (B, vocab) as an mlx array."""
+        first = cache[0]
+        mx.eval(tokens, first.offset, first.left_padding)
+        ids = np.asarray(tokens).reshape(-1)
+        positions = np.asarray(first.offset).astype(np.float64)
+        rows = ids.shape[0]
+        angles = (positions[:, None] * self._rope_scale) * self._inv_freq[None, :]
+        cos = np.cos(angles).astype(np.float32)[:, None, :]
+        sin = np.sin(angles).astype(np.float32)[:, None, :]
+        # After this step's append, key j of row b is padding when j < left_padding[b].
+        length = first._idx + 1
+        masked = np.arange(length)[None, :] < np.asarray(first.left_padding)[:, None]
+
+        h = self._embedding[ids]
+        heads, kv_heads, d = self._heads, self._kv_heads, self._head_dim
+        for layer, c in zip(self._layers, cache):
+            x = _rms_norm(h, layer.attn_norm, self._eps)
+            q = self._rope(layer.q.apply(x).reshape(rows, heads, d), cos, sin)
+            k = self._rope(layer.k.apply(x).reshape(rows, kv_heads, d), cos, sin)
+            v = layer.v.apply(x).reshape(rows, kv_heads, 1, d)
+            keys, values = c.update_and_fetch(mx.array(k[:, :, None, :]), mx.array(v))
+            mx.eval(keys, values)
+            attended = self._attention(q, np.asarray(keys), np.asarray(values), masked)
+            h = h + layer.o.apply(attended)
+            x = _rms_norm(h, layer.mlp_norm, self._eps)
+            gate = layer.gate.apply(x)
+            h = h + layer.down.apply(gate / (1.0 + np.exp(-gate)) * layer.up.apply(x))
+        logits = self._head.apply(_rms_norm(h, self._final_norm, self._eps))
+        return mx.array(logits)

@@ -1,0 +1,181 @@
+/* Skinny matmuls against mlx's affine-quantized weights, for decoding on the CPU.
+ *
+ * y[m, o] = sum_k x[m, k] * (scale[o, g] * q[o, k] + bias[o, g]),  g = k / group_size
+ *
+ * The weights keep mlx's packing (little-endian uint32 words, element k of a row in bits
+ * [bits * (k % per_word), ...) of word k / per_word), so a 4-bit row of K elements is K / 2
+ * bytes with element 2j in the low and 2j + 1 in the high nibble of byte j; 8-bit rows are
+ * one byte per element. Scales and biases are float16, one per group.
+ *
+ * Why: mlx's CPU quantized matmul is scalar code, slower than a float32 BLAS product, so
+ * the worker used to decode from a float32 copy and read 8x the bytes of 4-bit weights on
+ * every token. Decoding 1..8 rows is bound by those reads; these loops read the packed
+ * weights once per call, dequantize in registers (w = scale * q + bias, as mx.dequantize
+ * computes it in float32) and multiply in float32, so results match the float32 copy up to
+ * summation order.
+ *
+ * Built at first use by kiln/worker/native/__init__.py with -march=native; the AVX-512
+ * loops are used where the compiler targets AVX-512, portable C elsewhere.
+ */
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define KILN_QMM_MAX_ROWS 8
+
+int kiln_qmm_max_rows(void) { return KILN_QMM_MAX_ROWS; }
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+/* 4-bit: x is pre-permuted per block of 32 into [16 even elements, 16 odd elements], so the
+ * low and high nibbles of 16 bytes line up with two contiguous runs of x. */
+static void permute_even_odd(int M, int K, const float *x, float *xp) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * K;
+        float *out = xp + (size_t)m * K;
+        for (int c = 0; c < K; c += 32)
+            for (int j = 0; j < 16; j++) {
+                out[c + j] = xr[c + 2 * j];
+                out[c + 16 + j] = xr[c + 2 * j + 1];
+            }
+    }
+}
+
+#ifdef __AVX512F__
+static inline __attribute__((always_inline)) void q4_row(int M, int K, int gs, const uint8_t *q,
+        const uint16_t *s, const uint16_t *b, const float *xp, float *y, int ldy) {
+    __m512 acc[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    const __m128i low = _mm_set1_epi8(15);
+    for (int g = 0; g < K / gs; g++) {
+        __m512 sc = _mm512_set1_ps(half_to_float(s[g])), bi = _mm512_set1_ps(half_to_float(b[g]));
+        for (int c = g * gs; c < (g + 1) * gs; c += 32) {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(q + c / 2));
+            __m512 wl = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low)));
+            __m512 wh = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low)));
+            wl = _mm512_fmadd_ps(wl, sc, bi);
+            wh = _mm512_fmadd_ps(wh, sc, bi);
+            for (int m = 0; m < M; m++) {
+                const float *xe = xp + (size_t)m * K + c;
+                acc[m] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xe), acc[m]);
+                acc[m] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xe + 16), acc[m]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) y[(size_t)m * ldy] = _mm512_reduce_add_ps(acc[m]);
+}
+
+static inline __attribute__((always_inline)) void q8_row(int M, int K, int gs, const uint8_t *q,
+        const uint16_t *s, const uint16_t *b, const float *x, float *y, int ldy) {
+    __m512 acc[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    for (int g = 0; g < K / gs; g++) {
+        __m512 sc = _mm512_set1_ps(half_to_float(s[g])), bi = _mm512_set1_ps(half_to_float(b[g]));
+        for (int c = g * gs; c < (g + 1) * gs; c += 16) {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(q + c));
+            __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), sc, bi);
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + (size_t)m * K + c), acc[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) y[(size_t)m * ldy] = _mm512_reduce_add_ps(acc[m]);
+}
+#else
+static inline void q4_row(int M, int K, int gs, const uint8_t *q, const uint16_t *s,
+        const uint16_t *b, const float *xp, float *y, int ldy) {
+    float acc[KILN_QMM_MAX_ROWS][16];
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < K / gs; g++) {
+        float sc = half_to_float(s[g]), bi = half_to_float(b[g]);
+        for (int c = g * gs; c < (g + 1) * gs; c += 32) {
+            float wl[16], wh[16];
+            for (int j = 0; j < 16; j++) {
+                wl[j] = (float)(q[c / 2 + j] & 15) * sc + bi;
+                wh[j] = (float)(q[c / 2 + j] >> 4) * sc + bi;
+            }
+            for (int m = 0; m < M; m++) {
+                const float *xe = xp + (size_t)m * K + c;
+                for (int j = 0; j < 16; j++) acc[m][j] += wl[j] * xe[j] + wh[j] * xe[16 + j];
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        float t = 0.f;
+        for (int j = 0; j < 16; j++) t += acc[m][j];
+        y[(size_t)m * ldy] = t;
+    }
+}
+
+static inline void q8_row(int M, int K, int gs, const uint8_t *q, const uint16_t *s,
+        const uint16_t *b, const float *x, float *y, int ldy) {
+    float acc[KILN_QMM_MAX_ROWS][16];
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < K / gs; g++) {
+        float sc = half_to_float(s[g]), bi = half_to_float(b[g]);
+        for (int c = g * gs; c < (g + 1) * gs; c += 16) {
+            float w[16];
+            for (int j = 0; j < 16; j++) w[j] = (float)q[c + j] * sc + bi;
+            for (int m = 0; m < M; m++)
+                for (int j = 0; j < 16; j++) acc[m][j] += w[j] * x[(size_t)m * K + c + j];
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        float t = 0.f;
+        for (int j = 0; j < 16; j++) t += acc[m][j];
+        y[(size_t)m * ldy] = t;
+    }
+}
+#endif
+
+/* y (M, N) = x (M, K) @ dequantize(q, s, b).T for 1 <= M <= KILN_QMM_MAX_ROWS.
+ * bits is 4 or 8; group_size a multiple of 32 dividing K; work holds M * K floats.
+ * Returns 0, or -1 when the arguments are outside what the loops handle. */
+int kiln_qmm(int bits, int M, int N, int K, int group_size, const uint8_t *q, const uint16_t *s,
+             const uint16_t *b, const float *x, float *y, float *work) {
+    if (M < 1 || M > KILN_QMM_MAX_ROWS || group_size % 32 || K % group_size || (bits != 4 && bits != 8))
+        return -1;
+    const float *xk = x;
+    if (bits == 4) {
+        permute_even_odd(M, K, x, work);
+        xk = work;
+    }
+    size_t row_bytes = (size_t)K * bits / 8, G = (size_t)(K / group_size);
+#define KILN_ROWS(n)                                                                            \
+    case n:                                                                                     \
+        _Pragma("omp parallel for schedule(static)")                                            \
+        for (int o = 0; o < N; o++) {                                                           \
+            if (bits == 4) q4_row(n, K, group_size, q + o * row_bytes, s + o * G, b + o * G, xk, y + o, N); \
+            else q8_row(n, K, group_size, q + o * row_bytes, s + o * G, b + o * G, xk, y + o, N); \
+        }                                                                                       \
+        break;
+    switch (M) {
+        KILN_ROWS(1) KILN_ROWS(2) KILN_ROWS(3) KILN_ROWS(4)
+        KILN_ROWS(5) KILN_ROWS(6) KILN_ROWS(7) KILN_ROWS(8)
+    }
+#undef KILN_ROWS
+    return 0;
+}
