@@ -6,12 +6,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kiln.worker.native import quant_matmul
+from kiln.worker.native import cpu_kernels
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = quant_matmul()
+    k = cpu_kernels()
     if k is None:
         pytest.skip("no C compiler for the native CPU kernels")
     return k
@@ -32,15 +32,15 @@ def quantized(out_dims: int, in_dims: int, bits: int, group_size: int, seed: int
 def test_matches_dequantized_matmul(kernel, bits, group_size, rows):
     q, scales, biases, dense = quantized(77, 384, bits, group_size, seed=bits * group_size + rows)
     x = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float32)
-    y = kernel(x, q, scales, biases, bits, group_size)
+    y = kernel.matmul(x, q, scales, biases, bits, group_size)
     np.testing.assert_allclose(y, x @ dense.T, rtol=1e-4, atol=1e-4)
 
 
 def test_rows_beyond_the_kernel_are_refused(kernel):
     q, scales, biases, _ = quantized(8, 64, 4, 32, seed=1)
     with pytest.raises(ValueError):
-        kernel(np.zeros((kernel.max_rows + 1, 64), np.float32), q, scales, biases, 4, 32)
+        kernel.matmul(np.zeros((kernel.max_rows + 1, 64), np.float32), q, scales, biases, 4, 32)
 
 
 def test_built_once_and_reused(kernel):
-    assert quant_matmul() is kernel
+    assert cpu_kernels() is kernel

@@ -10,8 +10,8 @@ rows for us.
 Pipelining (as mlx-lm's generate_step does): step() feeds the tokens sampled by the
 previous step, queues the next forward pass with async_eval, and only then waits for the
 previous step's results, so the host's bookkeeping overlaps the model's compute. The
-native CPU decode step (native_decode.py) runs on the calling thread instead; only the
-sampling after it is queued.
+native CPU decode step (native_decode.py) runs on the calling thread instead, so there is
+nothing to overlap: its steps deliver the tokens they sample right away, a step earlier.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
-from .native_decode import NativeLlamaDecoder
+from .native_decode import NativeLlamaDecoder, log_softmax
 from .sampling import Sampler, sample_rows, top_k_logprobs
 from .types import EngineRequest
 
@@ -68,15 +68,16 @@ def extract_row(cache: list[BatchKVCache], i: int) -> list[KVCache]:
 class DecodeBatch:
     """Rows in generation, sharing one BatchKVCache per layer."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, native: NativeLlamaDecoder | None = None) -> None:
         self.model = model
         # On the CPU, llama-family models with packed weights decode outside mlx's graph.
-        self._native = NativeLlamaDecoder.build(model)
+        self.native = native
         self.rows: list[Row] = []
         self._cache: list[BatchKVCache] = []
         self._inputs: mx.array | None = None  # (B,) tokens the next step feeds
         self._logprobs: mx.array | None = None  # (B,) their logprobs
         self._top: tuple[mx.array, mx.array] | None = None  # (B, k) ids and logprobs
+        self._fed_delivered = False  # whether _inputs went out when they were sampled
         self.steps = 0
 
     def __len__(self) -> int:
@@ -151,35 +152,55 @@ class DecodeBatch:
         """Advance every row by one token; return the tokens due for delivery."""
         rows = self.rows
         inputs = self._inputs
-        if self._native is not None and len(rows) <= self._native.max_rows:
-            logits = self._native(inputs[:, None], self._cache)
+        logprobs = None
+        native = self.native is not None and len(rows) <= self.native.max_rows
+        if native:
+            found = self.native(inputs[:, None], self._cache)
+            if all(r.context is None for r in rows):
+                # mlx's CPU exp is slow; numpy's log-softmax over the vocabulary is not.
+                logprobs, contexts = mx.array(log_softmax(found)), []
+            else:
+                logits = mx.array(found)
         else:
             logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
-        logits, contexts = self._apply_processors(logits, inputs)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if logprobs is None:
+            logits, contexts = self._apply_processors(logits, inputs)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         nxt = sample_rows(logprobs, [r.sampler for r in rows])
         nxt_lp = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
         k = max(r.req.params.top_logprobs for r in rows)
         nxt_top = top_k_logprobs(logprobs, k) if k else None
         mx.async_eval(nxt, nxt_lp, nxt_top or (), contexts)
 
-        # The tokens fed by this step were sampled by the previous one: deliver them.
-        mx.eval(inputs, self._logprobs, self._top or ())
-        tokens = inputs.tolist()
-        lps = self._logprobs.tolist()
-        top = (self._top[0].tolist(), self._top[1].tolist()) if self._top else None
-        self._inputs, self._logprobs, self._top = nxt, nxt_lp, nxt_top
-        self.steps += 1
-
+        # The tokens fed by this step are now in the cache; unless they went out when they
+        # were sampled, deliver them.
+        fed = self._take(inputs, self._logprobs, self._top)
         out = []
         for i, row in enumerate(rows):
-            row.tokens.append(tokens[i])
+            row.tokens.append(fed[0][i])
             if not row.started:
                 row.started = True
-                continue
-            want = row.req.params.top_logprobs
-            alts = None
-            if want and top is not None:
-                alts = sorted(zip(top[0][i], top[1][i]), key=lambda t: -t[1])[:want]
-            out.append(Delivery(row, tokens[i], lps[i], alts))
+            elif not self._fed_delivered:
+                out.append(self._delivery(row, i, *fed))
+        self._inputs, self._logprobs, self._top = nxt, nxt_lp, nxt_top
+        self.steps += 1
+        self._fed_delivered = native
+        if native:
+            # The forward pass ran on this thread, so waiting for the sampled tokens now costs
+            # nothing, and delivering them a step early takes one step off every token's latency.
+            sampled = self._take(nxt, nxt_lp, nxt_top)
+            out.extend(self._delivery(row, i, *sampled) for i, row in enumerate(rows) if row.error is None)
         return out
+
+    @staticmethod
+    def _take(tokens: mx.array, logprobs: mx.array, top: tuple[mx.array, mx.array] | None) -> tuple:
+        mx.eval(tokens, logprobs, top or ())
+        return tokens.tolist(), logprobs.tolist(), (top[0].tolist(), top[1].tolist()) if top else None
+
+    @staticmethod
+    def _delivery(row: Row, i: int, tokens: list[int], logprobs: list[float], top: tuple | None) -> Delivery:
+        want = row.req.params.top_logprobs
+        alts = None
+        if want and top is not None:
+            alts = sorted(zip(top[0][i], top[1][i]), key=lambda t: -t[1])[:want]
+        return Delivery(row, tokens[i], logprobs[i], alts)

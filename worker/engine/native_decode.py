@@ -48,6 +48,12 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-probabilities, float32."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def _packed(module: nn.Module) -> PackedWeights | None:
     if type(module) is PackedLinear and "bias" not in module:
         return module._packed
@@ -66,6 +72,7 @@ class NativeLlamaDecoder:
         self._final_norm = np.asarray(inner.norm.weight)
         self._eps = inner.norm.eps
         self._head = head
+        self._kernels = head.kernel
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
         self._scale = attn.scale
         rope = attn.rope
@@ -115,7 +122,7 @@ class NativeLlamaDecoder:
             padded = [prompts[0], [0, 0, 0] + prompts[1]]
             model(mx.array(padded), cache=cache)
             step = mx.array([[5], [11]])
-            logits.append(np.array(self(step, cache) if native else model(step, cache=cache)[:, -1, :]))
+            logits.append(self(step, cache) if native else np.array(model(step, cache=cache)[:, -1, :]))
         ref, ours = logits
         return bool(np.allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max())))
 
@@ -134,8 +141,12 @@ class NativeLlamaDecoder:
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
-    def _attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, masked: np.ndarray) -> np.ndarray:
-        """q: (B, H, d); keys/values: (B, KVH, S, d); masked: (B, S) True where a key is padding."""
+    def _attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """q: (B, H, d); keys/values: (B, KVH, S, d); start: (B,) first key that is not padding."""
+        out = self._kernels.attention(q, keys, values, start, self._scale)
+        if out is not None:
+            return out.reshape(q.shape[0], -1)
+        masked = np.arange(keys.shape[2])[None, :] < start[:, None]
         rows = q.shape[0]
         group = self._heads // self._kv_heads
         q = q.reshape(rows, self._kv_heads, group, self._head_dim)
@@ -145,19 +156,42 @@ class NativeLlamaDecoder:
         scores /= scores.sum(axis=-1, keepdims=True)
         return np.matmul(scores, values).reshape(rows, self._heads * self._head_dim)
 
-    def __call__(self, tokens: mx.array, cache: list[BatchKVCache]) -> mx.array:
-        """tokens: (B, 1) with B <= max_rows. Returns logits (B, vocab) as an mlx array."""
+    @staticmethod
+    def _append(c: BatchKVCache, k: np.ndarray, v: np.ndarray, offset: mx.array) -> tuple[np.ndarray, np.ndarray]:
+        """Add one position (k, v: (B, KVH, 1, d)) to the cache; return all its keys and values.
+
+        Where the cache's buffers have room and are plain contiguous arrays, the new position
+        is written into them in place: nothing in mlx refers to a position at or past _idx
+        (extracted rows and fetched views end before it), and it saves an mlx slice update
+        and a wait for mlx's thread per layer. Otherwise mlx-lm's update_and_fetch grows them.
+        """
+        keys = np.asarray(c.keys) if c.keys is not None else None
+        values = np.asarray(c.values) if c.values is not None else None
+        if keys is None or values is None or c._idx >= keys.shape[2] or not all(
+            a.flags.c_contiguous and a.flags.writeable for a in (keys, values)
+        ):
+            fetched = c.update_and_fetch(mx.array(k), mx.array(v))
+            mx.eval(fetched)
+            return np.asarray(fetched[0]), np.asarray(fetched[1])
+        keys[:, :, c._idx] = k[:, :, 0]
+        values[:, :, c._idx] = v[:, :, 0]
+        c._idx += 1
+        c.offset = offset
+        return keys[:, :, : c._idx], values[:, :, : c._idx]
+
+    def __call__(self, tokens: mx.array, cache: list[BatchKVCache]) -> np.ndarray:
+        """tokens: (B, 1) with B <= max_rows. Returns the logits (B, vocab)."""
         first = cache[0]
-        mx.eval(tokens, first.offset, first.left_padding)
+        mx.eval(tokens, first.offset, first.left_padding, [(c.keys, c.values) for c in cache if c.keys is not None])
+        next_offset = first.offset + 1  # every layer's offset is the same array
         ids = np.asarray(tokens).reshape(-1)
         positions = np.asarray(first.offset).astype(np.float64)
         rows = ids.shape[0]
         angles = (positions[:, None] * self._rope_scale) * self._inv_freq[None, :]
         cos = np.cos(angles).astype(np.float32)[:, None, :]
         sin = np.sin(angles).astype(np.float32)[:, None, :]
-        # After this step's append, key j of row b is padding when j < left_padding[b].
-        length = first._idx + 1
-        masked = np.arange(length)[None, :] < np.asarray(first.left_padding)[:, None]
+        # Keys before left_padding[b] are row b's padding.
+        start = np.asarray(first.left_padding)
 
         h = self._embedding[ids]
         heads, kv_heads, d = self._heads, self._kv_heads, self._head_dim
@@ -166,12 +200,10 @@ class NativeLlamaDecoder:
             q = self._rope(layer.q.apply(x).reshape(rows, heads, d), cos, sin)
             k = self._rope(layer.k.apply(x).reshape(rows, kv_heads, d), cos, sin)
             v = layer.v.apply(x).reshape(rows, kv_heads, 1, d)
-            keys, values = c.update_and_fetch(mx.array(k[:, :, None, :]), mx.array(v))
-            mx.eval(keys, values)
-            attended = self._attention(q, np.asarray(keys), np.asarray(values), masked)
+            keys, values = self._append(c, k[:, :, None, :], v, next_offset)
+            attended = self._attention(q, keys, values, start)
             h = h + layer.o.apply(attended)
             x = _rms_norm(h, layer.mlp_norm, self._eps)
             gate = layer.gate.apply(x)
             h = h + layer.down.apply(gate / (1.0 + np.exp(-gate)) * layer.up.apply(x))
-        logits = self._head.apply(_rms_norm(h, self._final_norm, self._eps))
-        return mx.array(logits)
+        return self._head.apply(_rms_norm(h, self._final_norm, self._eps))

@@ -24,7 +24,7 @@ from .cache import PrefixCache
 from .types import EngineRequest
 
 # Remainders up to this many tokens are prefilled in one batched pass.
-SHORT_PREFILL = 64
+SHORT_PREFILL = 256
 
 
 class Prefill:

@@ -27,6 +27,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
+from .native_decode import NativeLlamaDecoder
 from .prefill import Prefill, prefill_together
 from .sampling import make_sampler
 from .types import EngineRequest, QueueFull, Step
@@ -77,6 +78,9 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         # Owned by the scheduler thread.
         self._prefills: deque[Prefill] = deque()
+        # Built on the engine thread (see _run), which then is the only one running the native
+        # kernels: libgomp throttles its thread pools once a second thread has used them.
+        self._native: NativeLlamaDecoder | None = None
         self._batch = DecodeBatch(model)
 
     # ---- caller side (any thread) -------------------------------------------------
@@ -139,6 +143,7 @@ class Scheduler:
         return not (self._waiting or self._cancels or self._prefills or len(self._batch))
 
     def _run(self) -> None:
+        self._native = self._batch.native = NativeLlamaDecoder.build(self._model)
         try:
             while True:
                 with self._cv:
@@ -175,7 +180,7 @@ class Scheduler:
 
     def _fail_in_flight(self, error: str) -> None:
         prefills, self._prefills = list(self._prefills), deque()
-        rows, self._batch = self._batch.rows, DecodeBatch(self._model)
+        rows, self._batch = self._batch.rows, DecodeBatch(self._model, self._native)
         mx.clear_cache()
         for req in [p.req for p in prefills] + [r.req for r in rows]:
             self._finish(req, "error", error)
@@ -214,7 +219,7 @@ class Scheduler:
             deliveries = self._batch.step()
         except Exception as e:
             log.exception("decode step failed")
-            rows, self._batch = self._batch.rows, DecodeBatch(self._model)
+            rows, self._batch = self._batch.rows, DecodeBatch(self._model, self._native)
             mx.clear_cache()
             for row in rows:
                 self._finish(row.req, "error", f"model step failed: {e!r}")
@@ -226,6 +231,8 @@ class Scheduler:
         done: set[int] = set()
         index = {id(r): i for i, r in enumerate(self._batch.rows)}
         for d in deliveries:
+            if index[id(d.row)] in done:  # a row may get two tokens in one step; it ended at the first
+                continue
             step = self._step_for(d)
             if step.finish_reason is None:
                 self._emit(d.row.req, step)
@@ -256,7 +263,10 @@ class Scheduler:
         return Step(d.token, d.logprob if want_lp else None, top, reason)
 
     def _prefill(self) -> None:
-        """About prefill_chunk tokens of prompt work, first come first served."""
+        """About prefill_chunk tokens of prompt work, first come first served. A turn ends
+        when a prompt is done, so its first token does not wait for the prompts queued
+        behind it (the time to first token of requests arriving together is staggered
+        rather than all equal to the last one's)."""
         spent = 0
         while self._prefills:
             head = self._prefills[0]
@@ -274,6 +284,7 @@ class Scheduler:
                     for _ in involved:
                         self._prefills.popleft()
                     self._join(involved, cache, own_cache=False)
+                    return  # a decode step gives the joined rows their first token now
                 else:
                     if spent and spent + head.next_chunk() > self.prefill_chunk:
                         return
@@ -281,6 +292,7 @@ class Scheduler:
                     if head.remaining == 0:
                         self._prefills.popleft()
                         self._join(involved, head.batch_cache(), own_cache=True)
+                        return
             except Exception as e:
                 if len(involved) > 1:  # find the culprit: retry each request on its own
                     log.warning("batched prefill failed (%r); retrying one by one", e)
@@ -339,7 +351,7 @@ class Scheduler:
         self._prefills.clear()
         for row in self._batch.rows:
             self._finish(row.req, "cancelled")
-        self._batch = DecodeBatch(self._model)
+        self._batch = DecodeBatch(self._model, self._native)
         if self._prefix is not None:
             self._prefix.clear()
         # mlx wants a thread's streams destroyed by that thread before it ends; otherwise

@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..native import QuantMatmul, quant_matmul
+from ..native import CpuKernels, cpu_kernels
 from .packed import PackedEmbedding, PackedLinear, PackedWeights
 
 WeightsChoice = Literal["auto", "native", "float32", "float16", "bfloat16"]
@@ -45,7 +45,7 @@ def resolve_weights(choice: str) -> str:
     return choice
 
 
-def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: QuantMatmul | None = None) -> int:
+def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: CpuKernels | None = None) -> int:
     """Replace QuantizedLinear/QuantizedEmbedding by dense layers in `dtype`.
 
     Returns the number of modules replaced. Biases of linear layers and all
@@ -116,7 +116,7 @@ def prepare_weights(model: nn.Module, choice: str = "auto") -> str:
     resolved = resolve_weights(choice)
     if resolved != "native":
         # "auto" on the CPU also keeps the packed weights for the native decode kernel.
-        kernel = quant_matmul() if choice == "auto" and on_cpu() else None
+        kernel = cpu_kernels() if choice == "auto" and on_cpu() else None
         dequantize_modules(model, _DTYPES[resolved], kernel)
         mx.eval(model.parameters())
     return resolved

@@ -15,13 +15,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..native import QuantMatmul
+from ..native import CpuKernels
 
 
 class PackedWeights:
     """A quantized layer's weights as the native kernel reads them."""
 
-    def __init__(self, module: nn.Module, kernel: QuantMatmul) -> None:
+    def __init__(self, module: nn.Module, kernel: CpuKernels) -> None:
         self.kernel = kernel
         self.bits: int = module.bits
         self.group_size: int = module.group_size
@@ -41,7 +41,7 @@ class PackedWeights:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """x (rows, in) float32 @ W.T, rows <= kernel.max_rows."""
-        return self.kernel(np.ascontiguousarray(x, dtype=np.float32), self.q, self.scales, self.biases, self.bits, self.group_size)
+        return self.kernel.matmul(np.ascontiguousarray(x, dtype=np.float32), self.q, self.scales, self.biases, self.bits, self.group_size)
 
     def matmul(self, x: mx.array) -> mx.array | None:
         """x @ W.T through the kernel, or None when x has more rows than it takes."""

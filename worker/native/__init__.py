@@ -32,22 +32,28 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("qmatmul.c")
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
 CACHE_ENV = "KILN_NATIVE_CACHE"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 
 
-class QuantMatmul:
-    """``y = x @ dequantize(q, scales, biases).T`` for a few rows of x (see qmatmul.c)."""
+class CpuKernels:
+    """The compiled functions of qmatmul.c, called through ctypes (the GIL is released)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._lib = library
-        ptr = ctypes.c_void_p
-        library.kiln_qmm.argtypes = [ctypes.c_int] * 5 + [ptr] * 6
-        library.kiln_qmm.restype = ctypes.c_int
-        library.kiln_qmm_max_rows.restype = ctypes.c_int
+        ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+        library.kiln_qmm.argtypes = [i32] * 5 + [ptr] * 6
+        library.kiln_qmm.restype = i32
+        library.kiln_qmm_max_rows.restype = i32
+        library.kiln_attention.argtypes = [i32] * 5 + [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_float, ptr, ptr]
+        library.kiln_attention.restype = None
         self.max_rows: int = library.kiln_qmm_max_rows()
+        library.kiln_set_parallel_macs.argtypes = [i64]
+        if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
+            library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
 
-    def __call__(self, x: np.ndarray, q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int) -> np.ndarray:
-        """x: (M, K) float32 C-contiguous; q: (N, K * bits / 8) uint8; scales, biases: (N, K / group_size) float16."""
+    def matmul(self, x: np.ndarray, q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+        """``x @ dequantize(q, scales, biases).T``. x: (M, K) float32 C-contiguous, M <= max_rows;
+        q: (N, K * bits / 8) uint8; scales, biases: (N, K / group_size) float16."""
         rows, k = x.shape
         n = q.shape[0]
         y = np.empty((rows, n), dtype=np.float32)
@@ -59,6 +65,32 @@ class QuantMatmul:
         if status != 0:
             raise ValueError(f"kiln_qmm cannot multiply {rows}x{k} by {bits}-bit {n}x{k} (group {group_size})")
         return y
+
+    @staticmethod
+    def _cache_strides(a: np.ndarray) -> tuple[int, int] | None:
+        """(row, head) strides in floats of a (B, KVH, S, D) float32 view whose keys are contiguous."""
+        if a.dtype != np.float32 or a.strides[3] != 4 or a.strides[2] != 4 * a.shape[3]:
+            return None
+        return a.strides[0] // 4, a.strides[1] // 4
+
+    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray, scale: float) -> np.ndarray | None:
+        """One-token attention (see kiln_attention). q: (B, H, D); keys/values: (B, KVH, S, D)
+        views of the cache; start: (B,) first real key per row. None when the views' layout is
+        not one the kernel reads."""
+        k_strides, v_strides = self._cache_strides(keys), self._cache_strides(values)
+        if k_strides is None or v_strides is None:
+            return None
+        rows, heads, dims = q.shape
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        start = np.ascontiguousarray(start, dtype=np.int32)
+        out = np.empty_like(q)
+        work = np.empty(rows * heads * keys.shape[2], dtype=np.float32)
+        self._lib.kiln_attention(
+            rows, heads, keys.shape[1], dims, keys.shape[2], q.ctypes.data,
+            keys.ctypes.data, *k_strides, values.ctypes.data, *v_strides,
+            start.ctypes.data, scale, out.ctypes.data, work.ctypes.data,
+        )  # fmt: skip
+        return out
 
 
 def _compiler() -> str | None:
@@ -103,7 +135,7 @@ def _build(compiler: str) -> Path:
 
 
 @lru_cache(maxsize=1)
-def quant_matmul() -> QuantMatmul | None:
+def cpu_kernels() -> CpuKernels | None:
     """The compiled kernel, or None where it is turned off or cannot be built on this machine."""
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
@@ -114,7 +146,7 @@ def quant_matmul() -> QuantMatmul | None:
     # libgomp reads its thread count once, when loaded: one thread per core this process may use.
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
     try:
-        return QuantMatmul(ctypes.CDLL(str(_build(compiler))))
+        return CpuKernels(ctypes.CDLL(str(_build(compiler))))
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
         log.warning("native CPU kernels unavailable (%s %s): decoding from float32 copies", e, detail.decode(errors="replace")[-500:])

@@ -17,6 +17,7 @@
  * Built at first use by kiln/worker/native/__init__.py with -march=native; the AVX-512
  * loops are used where the compiler targets AVX-512, portable C elsewhere.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__) || defined(__F16C__)
@@ -24,6 +25,10 @@
 #endif
 
 #define KILN_QMM_MAX_ROWS 8
+/* Products smaller than this many multiply-adds run on the calling thread alone: waking the
+ * other threads costs about what a one-row product of a small layer takes. */
+static long parallel_macs = 4L * 576 * 1536;
+void kiln_set_parallel_macs(long macs) { parallel_macs = macs; }
 
 int kiln_qmm_max_rows(void) { return KILN_QMM_MAX_ROWS; }
 
@@ -164,9 +169,10 @@ int kiln_qmm(int bits, int M, int N, int K, int group_size, const uint8_t *q, co
         xk = work;
     }
     size_t row_bytes = (size_t)K * bits / 8, G = (size_t)(K / group_size);
+    int parallel = (long)M * N * K >= parallel_macs;
 #define KILN_ROWS(n)                                                                            \
     case n:                                                                                     \
-        _Pragma("omp parallel for schedule(static)")                                            \
+        _Pragma("omp parallel for schedule(static) if(parallel)")                               \
         for (int o = 0; o < N; o++) {                                                           \
             if (bits == 4) q4_row(n, K, group_size, q + o * row_bytes, s + o * G, b + o * G, xk, y + o, N); \
             else q8_row(n, K, group_size, q + o * row_bytes, s + o * G, b + o * G, xk, y + o, N); \
@@ -178,4 +184,45 @@ int kiln_qmm(int bits, int M, int N, int K, int group_size, const uint8_t *q, co
     }
 #undef KILN_ROWS
     return 0;
+}
+
+/* One decode step's attention for B rows of H query heads sharing KVH key/value heads:
+ *   out[b, h] = softmax(scale * keys[b, g] @ q[b, h], over keys start[b] .. S-1) @ values[b, g]
+ * with g = h / (H / KVH). q and out are (B, H, D) contiguous; keys and values are read through
+ * strides (in floats) for the row and head, each key a contiguous run of D floats, so the
+ * preallocated cache buffers are read in place. Keys before start[b] are a row's left padding.
+ * work holds B * H * S floats. */
+void kiln_attention(int B, int H, int KVH, int D, int S, const float *q, const float *keys,
+                    long k_row, long k_head, const float *values, long v_row, long v_head,
+                    const int *start, float scale, float *out, float *work) {
+    int group = H / KVH;
+    int parallel = 2L * B * H * S * D >= parallel_macs;
+    #pragma omp parallel for schedule(static) if(parallel)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H, g = h / group;
+        const float *qv = q + (size_t)bh * D;
+        const float *kb = keys + b * k_row + g * k_head, *vb = values + b * v_row + g * v_head;
+        float *p = work + (size_t)bh * S, *o = out + (size_t)bh * D;
+        float top = -INFINITY, total = 0.f;
+        for (int j = start[b]; j < S; j++) {
+            const float *kj = kb + (size_t)j * D;
+            float dot = 0.f;
+            #pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < D; i++) dot += qv[i] * kj[i];
+            p[j] = dot * scale;
+            top = p[j] > top ? p[j] : top;
+        }
+        #pragma omp simd reduction(+ : total)
+        for (int j = start[b]; j < S; j++) {
+            p[j] = expf(p[j] - top);
+            total += p[j];
+        }
+        for (int i = 0; i < D; i++) o[i] = 0.f;
+        for (int j = start[b]; j < S; j++) {
+            const float *vj = vb + (size_t)j * D;
+            float w = p[j] / total;
+            #pragma omp simd
+            for (int i = 0; i < D; i++) o[i] += w * vj[i];
+        }
+    }
 }
