@@ -4,9 +4,10 @@ Kiln's CPU choices (float32 weights, OpenBLAS preloaded, the weight layout measu
 rest on a few kernel timings that differ from machine to machine. This prints them for the
 bundled model on this machine:
 
-- a decode step (1 and 8 rows) with the stored and the transposed weight layout;
+- a decode step (1 and 8 rows) with the stored and the transposed float32 layout, and the native
+  step on the packed weights (what the worker runs by default);
 - the model's 210 layer matmuls at 1 row, as float32 (both layouts), bfloat16, float16 and
-  8-/4-bit quantized, and the tied output head;
+  8-/4-bit quantized through mlx, and through the native kernel; the tied output head;
 - a prefill chunk of 512 tokens, and per-element cost of `exp` against a multiply (softmax and
   SiLU are exp-bound on the CPU).
 
@@ -25,10 +26,13 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from kiln.worker.engine.layout import input_major_while  # noqa: E402
+from kiln.worker.engine.native_decode import NativeLlamaDecoder  # noqa: E402
+from kiln.worker.loading.packed import PackedLinear  # noqa: E402
 from kiln.worker.loading import load_model  # noqa: E402
 
 
@@ -47,6 +51,19 @@ def decode_step_ms(model: nn.Module, rows: int, reps: int) -> float:
     mx.eval(model(mx.array([[1 + i % 100 for i in range(64)]] * rows), cache=cache))
     token = mx.array([[5]] * rows)
     return timed(lambda: model(token, cache=cache), reps)
+
+
+def native_step_ms(model: nn.Module, decoder: NativeLlamaDecoder, rows: int, reps: int) -> float:
+    cache = [BatchKVCache([0] * rows) for _ in model.model.layers]
+    mx.eval(model(mx.array([[1 + i % 100 for i in range(64)]] * rows), cache=cache))
+    token = mx.array([[5]] * rows)
+    return timed(lambda: mx.array(decoder(token, cache)), reps)
+
+
+def native_matmuls_ms(model: nn.Module, rows: int, reps: int) -> float:
+    packed = [m._packed for _, m in model.named_modules() if type(m) is PackedLinear]
+    x = {p.q.shape[1] * 8 // p.bits: np.ones((rows, p.q.shape[1] * 8 // p.bits), np.float32) for p in packed}
+    return timed(lambda: [p.apply(x[p.q.shape[1] * 8 // p.bits]) for p in packed] and mx.array(0), reps)
 
 
 def prefill(model: nn.Module, tokens: int) -> list:
@@ -83,7 +100,7 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=5)
     opts = p.parse_args()
-    model = load_model(None).model  # float32 on the CPU, stored layout
+    model = load_model(None, weights="float32").model  # float32 alone, stored layout
     print(f"device {mx.default_device()}; medians of {opts.reps}\n")
     print("decode step (ms)            stored  transposed")
     stock = [decode_step_ms(model, rows, opts.reps) for rows in (1, 8)]
@@ -94,6 +111,14 @@ def main() -> None:
     print("\n210 layer matmuls, 1 row (ms)")
     for name, ms in matmul_rows(model, opts.reps):
         print(f"  {name:32s} {ms:7.1f}")
+    packed = load_model(None).model  # what the worker runs: float32 for prefill, packed for decode
+    decoder = NativeLlamaDecoder.build(packed)
+    if decoder is None:
+        print("\nnative kernels unavailable here (no C compiler?)")
+    else:
+        print("\nnative, packed 4-bit weights (ms)   1 row  8 rows")
+        print(f"  decode step                      {native_step_ms(packed, decoder, 1, opts.reps):6.1f} {native_step_ms(packed, decoder, 8, opts.reps):7.1f}")
+        print(f"  210 layer matmuls                {native_matmuls_ms(packed, 1, opts.reps):6.1f} {native_matmuls_ms(packed, 8, opts.reps):7.1f}")
     print(f"\nprefill, 512 tokens, KV only (ms)  {timed(lambda: prefill(model, 512), max(2, opts.reps // 2)):7.0f}")
     s = mx.random.normal((9, 512, 512))
     mx.eval(s)

@@ -89,6 +89,8 @@ class NativeLlamaDecoder:
         inner = model.model
         if getattr(inner, "swa_idx", None) is not None or not inner.layers:
             return None
+        if type(inner.embed_tokens) not in (nn.Embedding, PackedEmbedding) or inner.embed_tokens.weight.dtype != mx.float32:
+            return None
         head_module = inner.embed_tokens if model.args.tie_word_embeddings else model.get("lm_head")
         if type(head_module) is PackedEmbedding:
             head = head_module._packed
@@ -104,7 +106,8 @@ class NativeLlamaDecoder:
             if type(mlp) is not llama.MLP:
                 return None
             parts = [_packed(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
-            if any(p is None for p in parts) or block.input_layernorm.eps != inner.norm.eps:
+            norms = (block.input_layernorm, block.post_attention_layernorm)
+            if any(p is None for p in parts) or any(type(n) is not nn.RMSNorm or n.eps != inner.norm.eps for n in norms):
                 return None
             layers.append(_Layer(np.asarray(block.input_layernorm.weight), np.asarray(block.post_attention_layernorm.weight), *parts))
         decoder = cls(model, layers, head)
