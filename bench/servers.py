@@ -89,7 +89,7 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
         if kiln_args and "--model" in kiln_args:
             model = Path(kiln_args[kiln_args.index("--model") + 1]).name
             return ServerSpec(name, argv, "responses", model, port, env, note=f"{model}, worker default weights")
-        return ServerSpec(name, argv, "responses", model, port, env, note="bundled GGUF, worker default weights (float32 on CPU)")
+        return ServerSpec(name, argv, "responses", model, port, env, note="bundled GGUF, worker default weights (on the CPU: float32 prefill, packed 4-bit native decode)")
     if name in ("mlx_lm_f32", "mlx_lm_q4"):
         if importlib.util.find_spec("mlx_lm") is None:
             raise PeerUnavailable("mlx-lm is not installed")

@@ -348,7 +348,9 @@ def test_tool_call_grammar_namespace_and_chat_style(compiler, tokenizer):
 # --------------------------------------------------------------------------------------------
 
 
-def _generate(model, tokenizer, processor: ConstraintProcessor, prompt: str, *, seed: int, max_tokens: int) -> str:
+def _generate(model, tokenizer, processor: ConstraintProcessor, prompt: str, *, seed: int, max_tokens: int, allow_cap: bool = False) -> str | None:
+    """The constrained output; None if it hit max_tokens first and ``allow_cap`` (the server
+    reports that as status "incomplete")."""
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
@@ -363,16 +365,22 @@ def _generate(model, tokenizer, processor: ConstraintProcessor, prompt: str, *, 
         if token in tokenizer.eos_token_ids:
             break
         out.append(token)
+    if allow_cap and not processor.is_complete() and len(out) >= max_tokens:
+        return None
     assert processor.is_complete(), f"no stop within {max_tokens} tokens: {tokenizer.decode(out)!r}"
     return tokenizer.decode(out)
 
 
-def _generate_schema(model, tokenizer, compiler, name: str, seed: int, max_tokens: int) -> None:
+def _generate_schema(model, tokenizer, compiler, name: str, seed: int, max_tokens: int, allow_cap: bool = False) -> bool:
+    """Whether the output completed (it then validates); False only for a cap hit when allowed."""
     case = _load(name)
     fmt = {"type": "json_schema", "name": case["name"], "schema": case["schema"], "strict": True}
     prompt = case["prompt"] + " Answer in JSON."
-    text = _generate(model, tokenizer, compiler.processor_for(fmt), prompt, seed=seed, max_tokens=max_tokens)
+    text = _generate(model, tokenizer, compiler.processor_for(fmt), prompt, seed=seed, max_tokens=max_tokens, allow_cap=allow_cap)
+    if text is None:
+        return False
     _validator(case["schema"]).validate(json.loads(text))
+    return True
 
 
 # In-process generation runs on mlx's reference BLAS (pytest is not re-executed with OpenBLAS),
@@ -397,5 +405,8 @@ def test_model_forced_tool_call_validates(model, tokenizer, compiler):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=[p.stem for p in SCHEMA_FILES])
 def test_model_output_validates_all_schemas(model, tokenizer, compiler, path):
-    for seed in range(2):
-        _generate_schema(model, tokenizer, compiler, path.stem, seed=seed, max_tokens=600)
+    # At temperature 1 the small model sometimes lists items until the cap (the server answers
+    # that with status "incomplete"); every output that completes must validate, and one of
+    # the two must complete.
+    completed = [_generate_schema(model, tokenizer, compiler, path.stem, seed=seed, max_tokens=600, allow_cap=True) for seed in range(2)]
+    assert any(completed), "both samples ran to the token cap"
