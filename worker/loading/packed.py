@@ -18,6 +18,13 @@ import numpy as np
 from ..native import CpuKernels
 
 
+# Inside mlx's graph each kernel call waits for mlx to evaluate its input, which costs more than
+# the kernel saves beyond a few rows: a whole SmolLM2 decode step through mlx took 40 / 49 / 55 /
+# 97 ms at 1 / 2 / 4 / 8 rows this way, against 67 / 76 / 80 / 83 ms from float32. (Llama-family
+# models decode outside the graph instead: engine/native_decode.py, up to the kernel's 8 rows.)
+GRAPH_MAX_ROWS = 4
+
+
 class PackedWeights:
     """A quantized layer's weights as the native kernel reads them."""
 
@@ -44,10 +51,11 @@ class PackedWeights:
         return self.kernel.matmul(np.ascontiguousarray(x, dtype=np.float32), self.q, self.scales, self.biases, self.bits, self.group_size)
 
     def matmul(self, x: mx.array) -> mx.array | None:
-        """x @ W.T through the kernel, or None when x has more rows than it takes."""
+        """x @ W.T through the kernel inside an mlx forward pass, or None (use the float32
+        weight) for more than GRAPH_MAX_ROWS rows."""
         k = x.shape[-1]
         rows = x.size // k
-        if rows > self.kernel.max_rows or x.dtype != mx.float32:
+        if rows > GRAPH_MAX_ROWS or x.dtype != mx.float32:
             return None
         mx.eval(x)
         return mx.array(self.apply(np.asarray(x).reshape(rows, k))).reshape(*x.shape[:-1], self.out_dims)
