@@ -44,3 +44,30 @@ def test_rows_beyond_the_kernel_are_refused(kernel):
 
 def test_built_once_and_reused(kernel):
     assert cpu_kernels() is kernel
+
+
+@pytest.mark.parametrize("setting", ["off", "no compiler", "compile error"])
+def test_without_kernels_the_worker_keeps_float32(monkeypatch, tmp_path, setting):
+    """Turned off, or with no working C compiler, there are no kernels and quantized layers
+    become plain float32 layers (the worker's float32 path) instead of failing."""
+    import mlx.nn as nn
+
+    from kiln.worker import native
+    from kiln.worker.loading.device import dequantize_modules
+
+    monkeypatch.setenv("KILN_NATIVE_CACHE", str(tmp_path))
+    if setting == "off":
+        monkeypatch.setenv("KILN_NATIVE_KERNELS", "0")
+    elif setting == "no compiler":
+        monkeypatch.setattr(native, "_compiler", lambda: None)
+    else:
+        monkeypatch.setattr(native, "_compiler", lambda: "false")  # exits 1 without output
+    native.cpu_kernels.cache_clear()
+    try:
+        assert native.cpu_kernels() is None
+    finally:
+        native.cpu_kernels.cache_clear()
+    layer = nn.QuantizedLinear(64, 32, group_size=32, bits=4)
+    model = nn.Sequential(layer)
+    dequantize_modules(model, mx.float32, None)
+    assert type(model.layers[0]) is nn.Linear

@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -126,8 +127,11 @@ def _build(compiler: str) -> Path:
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
     try:
+        started = time.perf_counter()
+        log.info("compiling the native CPU kernels for this machine into %s", target)
         subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True, timeout=120)
         os.replace(partial, target)
+        log.info("compiled the native CPU kernels in %.1f s", time.perf_counter() - started)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
@@ -147,7 +151,7 @@ def cpu_kernels() -> CpuKernels | None:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
     try:
         return CpuKernels(ctypes.CDLL(str(_build(compiler))))
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # RuntimeError: no home directory
         detail = getattr(e, "stderr", b"") or b""
         log.warning("native CPU kernels unavailable (%s %s): decoding from float32 copies", e, detail.decode(errors="replace")[-500:])
         return None
