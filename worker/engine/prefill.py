@@ -8,7 +8,8 @@ padding waste), chunk by chunk, starting from whatever prefix the prefix cache h
 Why short prompts go together: a forward pass over a few tokens costs about as much as
 one over a single token (it is bound by reading the weights), so several short
 remainders (new chats, or long conversations mostly served from the prefix cache) are
-right-padded into one batched pass, as mlx-lm's PromptProcessingBatch does.
+right-padded into one batched pass, as mlx-lm's PromptProcessingBatch does. Over longer
+remainders the saving shrinks (the pass becomes bound by arithmetic), so groups are capped.
 
 Either way the last prompt token is left for the decode batch, whose first step for the
 row produces the first output token.
@@ -23,8 +24,13 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 from .cache import PrefixCache
 from .types import EngineRequest
 
-# Remainders up to this many tokens are prefilled in one batched pass.
+# Remainders up to SHORT_PREFILL tokens are prefilled together, in passes of at most
+# GROUP_PREFILL tokens (rows x longest remainder). On the CPU a batched pass saves little over
+# separate ones, so smaller groups get their first tokens out sooner: four 78-token prompts
+# arriving together had a median time to first token of ~670 ms in groups of 256 tokens
+# against ~960 ms in one pass of 512, in the same total time.
 SHORT_PREFILL = 256
+GROUP_PREFILL = 256
 
 
 class Prefill:

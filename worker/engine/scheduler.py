@@ -28,7 +28,7 @@ from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeLlamaDecoder
-from .prefill import Prefill, prefill_together
+from .prefill import GROUP_PREFILL, Prefill, prefill_together
 from .sampling import make_sampler
 from .types import EngineRequest, QueueFull, Step
 
@@ -315,7 +315,7 @@ class Scheduler:
             if not p.short or (p.solo and group):
                 break
             width = max([q.remaining for q in group] + [p.remaining])
-            if group and (len(group) + 1) * width > self.prefill_chunk:
+            if group and (len(group) + 1) * width > min(self.prefill_chunk, GROUP_PREFILL):
                 break
             group.append(p)
             if p.solo:
