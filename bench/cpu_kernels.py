@@ -31,7 +31,7 @@ import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from kiln.worker.engine.layout import input_major_while  # noqa: E402
-from kiln.worker.engine.native_decode import NativeLlamaDecoder  # noqa: E402
+from kiln.worker.engine.native_decode import NativeDecoder  # noqa: E402
 from kiln.worker.loading.packed import PackedLinear  # noqa: E402
 from kiln.worker.loading import load_model  # noqa: E402
 
@@ -53,7 +53,7 @@ def decode_step_ms(model: nn.Module, rows: int, reps: int) -> float:
     return timed(lambda: model(token, cache=cache), reps)
 
 
-def native_step_ms(model: nn.Module, decoder: NativeLlamaDecoder, rows: int, reps: int) -> float:
+def native_step_ms(model: nn.Module, decoder: NativeDecoder, rows: int, reps: int) -> float:
     cache = [BatchKVCache([0] * rows) for _ in model.model.layers]
     mx.eval(model(mx.array([[1 + i % 100 for i in range(64)]] * rows), cache=cache))
     token = mx.array([[5]] * rows)
@@ -112,7 +112,7 @@ def main() -> None:
     for name, ms in matmul_rows(model, opts.reps):
         print(f"  {name:32s} {ms:7.1f}")
     packed = load_model(None).model  # what the worker runs: float32 for prefill, packed for decode
-    decoder = NativeLlamaDecoder.build(packed)
+    decoder = NativeDecoder.build(packed)
     if decoder is None:
         print("\nnative kernels unavailable here (no C compiler?)")
     else:

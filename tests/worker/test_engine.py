@@ -20,7 +20,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from kiln.worker.engine import EngineRequest, QueueFull, SamplingParams, Scheduler, Step
 from kiln.worker.engine.cache import PrefixCache
 from kiln.worker.engine.layout import choose_weight_layout
-from kiln.worker.engine.native_decode import NativeLlamaDecoder
+from kiln.worker.engine.native_decode import NativeDecoder
 from kiln.worker.loading.device import cast_floating, dequantize_modules
 from kiln.worker.native import cpu_kernels
 
@@ -58,8 +58,45 @@ def packed_tiny_llama():
     cast_floating(m, mx.float16)  # scales as checkpoints store them
     dequantize_modules(m, mx.float32, kernel)
     mx.eval(m.parameters())
-    assert NativeLlamaDecoder.build(m) is not None  # checked against mlx's forward inside
+    assert NativeDecoder.build(m) is not None  # checked against mlx's forward inside
     return m
+
+
+def tiny_qwen(version: int):
+    """A tiny Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms), packed like the llama above."""
+    from mlx_lm.models import qwen2, qwen3
+
+    common = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  rms_norm_eps=1e-6, vocab_size=VOCAB, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False)  # fmt: skip
+    mx.random.seed(version)
+    if version == 2:
+        m = qwen2.Model(qwen2.ModelArgs(model_type="qwen2", **common))
+    else:
+        m = qwen3.Model(qwen3.ModelArgs(model_type="qwen3", head_dim=16, **common))
+    m.update(tree_map(lambda p: p * 4 if p.ndim == 2 else p + 0.1 * mx.random.normal(p.shape), m.parameters()))
+    nn.quantize(m, group_size=32, bits=4)
+    cast_floating(m, mx.float16)
+    dequantize_modules(m, mx.float32, cpu_kernels())
+    mx.eval(m.parameters())
+    return m
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_qwen_models_decode_natively_like_mlx_lm(version):
+    if cpu_kernels() is None:
+        pytest.skip("no C compiler for the native CPU kernels")
+    m = tiny_qwen(version)
+    assert NativeDecoder.build(m) is not None  # matched mlx's forward pass
+    s = Scheduler(m, cache_bytes=0, max_batch=4)
+    s.start()
+    try:
+        prompts = [prompt_for(i, 7 + 5 * i) for i in range(3)]
+        runs = [Run(p, temperature=0, max_tokens=12).submit(s) for p in prompts]
+        for p, r in zip(prompts, runs):
+            assert r.wait().tokens == reference(m, p, 12)
+        assert s._batch.native is not None
+    finally:
+        s.stop()
 
 
 @pytest.fixture(scope="module", params=["dense", "packed"])

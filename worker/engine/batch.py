@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
-from .native_decode import NativeLlamaDecoder, log_softmax
+from .native_decode import NativeDecoder, log_softmax
 from .sampling import Sampler, sample_rows, top_k_logprobs
 from .types import EngineRequest
 
@@ -68,9 +68,9 @@ def extract_row(cache: list[BatchKVCache], i: int) -> list[KVCache]:
 class DecodeBatch:
     """Rows in generation, sharing one BatchKVCache per layer."""
 
-    def __init__(self, model: nn.Module, native: NativeLlamaDecoder | None = None) -> None:
+    def __init__(self, model: nn.Module, native: NativeDecoder | None = None) -> None:
         self.model = model
-        # On the CPU, llama-family models with packed weights decode outside mlx's graph.
+        # On the CPU, llama/Qwen models with packed weights decode outside mlx's graph.
         self.native = native
         self.rows: list[Row] = []
         self._cache: list[BatchKVCache] = []

@@ -1,4 +1,4 @@
-"""A decode step for llama-family models on the CPU, outside mlx's graph.
+"""A decode step for llama-style models on the CPU, outside mlx's graph.
 
 Why: on the CPU mlx runs every small op of a decode step (norms, rope, the attention over a
 few hundred keys, SwiGLU) as its own task on its own thread, and with the weights' matmuls
@@ -9,9 +9,9 @@ used for one thing only: appending each layer's new keys and values to mlx-lm's
 BatchKVCache, so the prefix cache, row extraction and the prefill path (all mlx) see exactly
 the cache they always did.
 
-It handles mlx-lm's llama ``Model`` (SmolLM2, Llama, Mistral) when every projection and the
-output head are packed and rope is the plain kind; anything else decodes through mlx as
-before. ``build`` checks its output against the mlx forward pass on the real weights before
+It handles mlx-lm's ``llama`` (SmolLM2, Llama, Mistral), ``qwen2`` (q/k/v biases) and
+``qwen3`` (per-head q/k norms) models when every projection and the output head are packed and
+RoPE is the plain kind; anything else decodes through mlx as before. ``build`` checks its output against the mlx forward pass on the real weights before
 it is used, so a model that only looks alike is refused rather than decoded wrongly.
 """
 
@@ -23,12 +23,17 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models import llama
+from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache
 
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
 
 log = logging.getLogger(__name__)
+
+# mlx-lm model classes whose decoder blocks the native step reproduces (checked numerically at
+# build time all the same).
+_MODELS = (llama.Model, qwen2.Model, qwen3.Model)
+_MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 
 
 @dataclass
@@ -42,6 +47,8 @@ class _Layer:
     gate: PackedWeights
     up: PackedWeights
     down: PackedWeights
+    qkv_bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # Qwen2
+    qk_norm: tuple[np.ndarray, np.ndarray] | None = None  # Qwen3: per-head RMSNorm before RoPE
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -55,12 +62,35 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _packed(module: nn.Module) -> PackedWeights | None:
-    if type(module) is PackedLinear and "bias" not in module:
-        return module._packed
-    return None
+    """The packed weights of a PackedLinear (bias or not), else None."""
+    return module._packed if type(module) is PackedLinear else None
 
 
-class NativeLlamaDecoder:
+def _layer(block: nn.Module, eps: float) -> _Layer | None:
+    """A transformer block's parts as the native step uses them, or None if it differs from the
+    llama/Qwen2/Qwen3 block in a way the step does not handle."""
+    attn, mlp = block.self_attn, block.mlp
+    if type(mlp) not in _MLPS or type(attn.rope) is not nn.RoPE:
+        return None
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    parts = [_packed(m) for m in projections]
+    norms = [block.input_layernorm, block.post_attention_layernorm]
+    qk_norm = None
+    if hasattr(attn, "q_norm"):
+        norms += [attn.q_norm, attn.k_norm]
+        qk_norm = (np.asarray(attn.q_norm.weight), np.asarray(attn.k_norm.weight))
+    if any(p is None for p in parts) or any(type(n) is not nn.RMSNorm or n.eps != eps for n in norms):
+        return None
+    biased = ["bias" in m for m in projections]
+    if any(biased[3:]) or len(set(biased[:3])) > 1:
+        return None
+    qkv_bias = tuple(np.asarray(m.bias) for m in projections[:3]) if biased[0] else None
+    if attn.rope.dims * attn.n_heads != parts[0].out_dims:
+        return None
+    return _Layer(np.asarray(norms[0].weight), np.asarray(norms[1].weight), *parts, qkv_bias=qkv_bias, qk_norm=qk_norm)
+
+
+class NativeDecoder:
     """Logits for one new token per row, given mlx-lm BatchKVCaches holding each row's past."""
 
     def __init__(self, model: llama.Model, layers: list[_Layer], head: PackedWeights) -> None:
@@ -73,7 +103,7 @@ class NativeLlamaDecoder:
         self._eps = inner.norm.eps
         self._head = head
         self._kernels = head.kernel
-        self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
         self._scale = attn.scale
         rope = attn.rope
         half = rope.dims // 2
@@ -82,12 +112,14 @@ class NativeLlamaDecoder:
         self._traditional = rope.traditional
 
     @classmethod
-    def build(cls, model: nn.Module) -> NativeLlamaDecoder | None:
+    def build(cls, model: nn.Module) -> NativeDecoder | None:
         """The decoder for ``model``, or None where it does not apply or does not match mlx."""
-        if type(model) is not llama.Model:
+        if type(model) not in _MODELS:
             return None
         inner = model.model
-        if getattr(inner, "swa_idx", None) is not None or not inner.layers:
+        if getattr(inner, "swa_idx", None) is not None or getattr(inner, "pipeline_size", 1) != 1 or not inner.layers:
+            return None
+        if type(inner.norm) is not nn.RMSNorm:
             return None
         if type(inner.embed_tokens) not in (nn.Embedding, PackedEmbedding) or inner.embed_tokens.weight.dtype != mx.float32:
             return None
@@ -95,21 +127,12 @@ class NativeLlamaDecoder:
         if type(head_module) is PackedEmbedding:
             head = head_module._packed
         else:
-            head = _packed(head_module) if head_module is not None else None
+            head = _packed(head_module) if head_module is not None and "bias" not in head_module else None
         if head is None:
             return None
-        layers = []
-        for block in inner.layers:
-            attn, mlp = block.self_attn, block.mlp
-            if type(attn.rope) is not nn.RoPE or attn.rope.dims != attn.head_dim:
-                return None
-            if type(mlp) is not llama.MLP:
-                return None
-            parts = [_packed(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
-            norms = (block.input_layernorm, block.post_attention_layernorm)
-            if any(p is None for p in parts) or any(type(n) is not nn.RMSNorm or n.eps != inner.norm.eps for n in norms):
-                return None
-            layers.append(_Layer(np.asarray(block.input_layernorm.weight), np.asarray(block.post_attention_layernorm.weight), *parts))
+        layers = [_layer(block, inner.norm.eps) for block in inner.layers]
+        if any(layer is None for layer in layers):
+            return None
         decoder = cls(model, layers, head)
         if not decoder._matches(model):
             log.warning("native decode step disagrees with mlx on this model: decoding through mlx")
@@ -200,9 +223,13 @@ class NativeLlamaDecoder:
         heads, kv_heads, d = self._heads, self._kv_heads, self._head_dim
         for layer, c in zip(self._layers, cache):
             x = _rms_norm(h, layer.attn_norm, self._eps)
-            q = self._rope(layer.q.apply(x).reshape(rows, heads, d), cos, sin)
-            k = self._rope(layer.k.apply(x).reshape(rows, kv_heads, d), cos, sin)
-            v = layer.v.apply(x).reshape(rows, kv_heads, 1, d)
+            q, k, v = layer.q.apply(x), layer.k.apply(x), layer.v.apply(x)
+            if layer.qkv_bias is not None:
+                q, k, v = q + layer.qkv_bias[0], k + layer.qkv_bias[1], v + layer.qkv_bias[2]
+            q, k, v = q.reshape(rows, heads, d), k.reshape(rows, kv_heads, d), v.reshape(rows, kv_heads, 1, d)
+            if layer.qk_norm is not None:
+                q, k = _rms_norm(q, layer.qk_norm[0], self._eps), _rms_norm(k, layer.qk_norm[1], self._eps)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys, values = self._append(c, k[:, :, None, :], v, next_offset)
             attended = self._attention(q, keys, values, start)
             h = h + layer.o.apply(attended)

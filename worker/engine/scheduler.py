@@ -27,7 +27,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
-from .native_decode import NativeLlamaDecoder
+from .native_decode import NativeDecoder
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
 from .sampling import make_sampler
 from .types import EngineRequest, QueueFull, Step
@@ -80,7 +80,7 @@ class Scheduler:
         self._prefills: deque[Prefill] = deque()
         # Built on the engine thread (see _run), which then is the only one running the native
         # kernels: libgomp throttles its thread pools once a second thread has used them.
-        self._native: NativeLlamaDecoder | None = None
+        self._native: NativeDecoder | None = None
         self._batch = DecodeBatch(model)
 
     # ---- caller side (any thread) -------------------------------------------------
@@ -143,7 +143,7 @@ class Scheduler:
         return not (self._waiting or self._cancels or self._prefills or len(self._batch))
 
     def _run(self) -> None:
-        self._native = self._batch.native = NativeLlamaDecoder.build(self._model)
+        self._native = self._batch.native = NativeDecoder.build(self._model)
         try:
             while True:
                 with self._cv:
