@@ -85,6 +85,9 @@ def test_attention_matches_softmax_over_the_cache_views(kernel, scale):
     q = rng.standard_normal((rows, heads, dims)).astype(np.float32)
     start = np.array([0, 3, 10, 36, 1], dtype=np.int32)
     out = kernel.attention(q, keys, values, start, scale)
+    # Views whose keys are not contiguous runs are copied first, with the same result.
+    strided = kernel.attention(q, keys.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2), values, start, scale)
+    np.testing.assert_array_equal(strided, out)
     group = heads // kv_heads
     for b in range(rows):
         for h in range(heads):

@@ -11,8 +11,9 @@ the cache they always did.
 
 It handles mlx-lm's ``llama`` (SmolLM2, Llama, Mistral), ``qwen2`` (q/k/v biases) and
 ``qwen3`` (per-head q/k norms) models when every projection and the output head are packed and
-RoPE is the plain kind; anything else decodes through mlx as before. ``build`` checks its output against the mlx forward pass on the real weights before
-it is used, so a model that only looks alike is refused rather than decoded wrongly.
+RoPE is the plain kind; anything else decodes through mlx as before. ``build`` checks its
+output against the mlx forward pass on the real weights before it is used, so a model that
+only looks alike is refused rather than decoded wrongly.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class NativeDecoder:
         self._scale = attn.scale
         rope = attn.rope
         half = rope.dims // 2
-        self._inv_freq = (rope.base ** (-np.arange(half, dtype=np.float64) / half)).astype(np.float64)
+        self._inv_freq = rope.base ** (-np.arange(half, dtype=np.float64) / half)
         self._rope_scale = rope.scale
         self._traditional = rope.traditional
 
@@ -167,21 +168,6 @@ class NativeDecoder:
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
-    def _attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """q: (B, H, d); keys/values: (B, KVH, S, d); start: (B,) first key that is not padding."""
-        out = self._kernels.attention(q, keys, values, start, self._scale)
-        if out is not None:
-            return out.reshape(q.shape[0], -1)
-        masked = np.arange(keys.shape[2])[None, :] < start[:, None]
-        rows = q.shape[0]
-        group = self._heads // self._kv_heads
-        q = q.reshape(rows, self._kv_heads, group, self._head_dim)
-        scores = np.matmul(q, keys.transpose(0, 1, 3, 2)) * self._scale  # (B, KVH, group, S)
-        scores = np.where(masked[:, None, None, :], -np.inf, scores)
-        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        scores /= scores.sum(axis=-1, keepdims=True)
-        return np.matmul(scores, values).reshape(rows, self._heads * self._head_dim)
-
     @staticmethod
     def _append(c: BatchKVCache, k: np.ndarray, v: np.ndarray, offset: mx.array) -> tuple[np.ndarray, np.ndarray]:
         """Add one position (k, v: (B, KVH, 1, d)) to the cache; return all its keys and values.
@@ -231,7 +217,7 @@ class NativeDecoder:
                 q, k = _rms_norm(q, layer.qk_norm[0], self._eps), _rms_norm(k, layer.qk_norm[1], self._eps)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys, values = self._append(c, k[:, :, None, :], v, next_offset)
-            attended = self._attention(q, keys, values, start)
+            attended = self._kernels.attention(q, keys, values, start, self._scale).reshape(rows, -1)
             h = h + layer.o.apply(attended)
             x = _rms_norm(h, layer.mlp_norm, self._eps)
             gate = layer.gate.apply(x)

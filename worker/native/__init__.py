@@ -68,19 +68,19 @@ class CpuKernels:
         return y
 
     @staticmethod
-    def _cache_strides(a: np.ndarray) -> tuple[int, int] | None:
-        """(row, head) strides in floats of a (B, KVH, S, D) float32 view whose keys are contiguous."""
+    def _readable(a: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """A (B, KVH, S, D) view the kernel reads in place (float32, each key a contiguous run,
+        keys one after another), copied only if it is not one; with its row and head strides
+        in floats."""
         if a.dtype != np.float32 or a.strides[3] != 4 or a.strides[2] != 4 * a.shape[3]:
-            return None
-        return a.strides[0] // 4, a.strides[1] // 4
+            a = np.ascontiguousarray(a, dtype=np.float32)
+        return a, a.strides[0] // 4, a.strides[1] // 4
 
-    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray, scale: float) -> np.ndarray | None:
+    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray, scale: float) -> np.ndarray:
         """One-token attention (see kiln_attention). q: (B, H, D); keys/values: (B, KVH, S, D)
-        views of the cache; start: (B,) first real key per row. None when the views' layout is
-        not one the kernel reads."""
-        k_strides, v_strides = self._cache_strides(keys), self._cache_strides(values)
-        if k_strides is None or v_strides is None:
-            return None
+        views of the cache; start: (B,) first real key per row. Returns (B, H, D)."""
+        keys, *k_strides = self._readable(keys)
+        values, *v_strides = self._readable(values)
         rows, heads, dims = q.shape
         q = np.ascontiguousarray(q, dtype=np.float32)
         start = np.ascontiguousarray(start, dtype=np.int32)

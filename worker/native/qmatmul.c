@@ -94,7 +94,6 @@ static inline __attribute__((always_inline)) void q4_row(int M, int K, int gs, c
     for (int m = 0; m < M; m++) y[(size_t)m * ldy] = _mm512_reduce_add_ps(acc[m]);
 }
 
-#define KILN_PAIRED_ROWS 1
 /* Two output rows at once: each load of x feeds four multiply-adds instead of two, which is
  * what bounds several input rows (x no longer fits the L1 cache at 8 rows of 1536). */
 static inline __attribute__((always_inline)) void q4_rows2(int M, int K, int gs, const uint8_t *q,
@@ -143,6 +142,15 @@ static inline __attribute__((always_inline)) void q8_row(int M, int K, int gs, c
     for (int m = 0; m < M; m++) y[(size_t)m * ldy] = _mm512_reduce_add_ps(acc[m]);
 }
 #else
+/* y[m * ldy] = the sum of row m's 16 partial sums. */
+static inline void store_sums(int M, float acc[][16], float *y, int ldy) {
+    for (int m = 0; m < M; m++) {
+        float t = 0.f;
+        for (int j = 0; j < 16; j++) t += acc[m][j];
+        y[(size_t)m * ldy] = t;
+    }
+}
+
 static inline void q4_row(int M, int K, int gs, const uint8_t *q, const uint16_t *s,
         const uint16_t *b, const float *xp, float *y, int ldy) {
     float acc[KILN_QMM_MAX_ROWS][16];
@@ -161,17 +169,13 @@ static inline void q4_row(int M, int K, int gs, const uint8_t *q, const uint16_t
             }
         }
     }
-    for (int m = 0; m < M; m++) {
-        float t = 0.f;
-        for (int j = 0; j < 16; j++) t += acc[m][j];
-        y[(size_t)m * ldy] = t;
-    }
+    store_sums(M, acc, y, ldy);
 }
 
-#define KILN_PAIRED_ROWS 0
 static inline void q4_rows2(int M, int K, int gs, const uint8_t *q, size_t row_bytes,
         const uint16_t *s, const uint16_t *b, size_t G, const float *xp, float *y, int ldy) {
-    (void)M; (void)K; (void)gs; (void)q; (void)row_bytes; (void)s; (void)b; (void)G; (void)xp; (void)y; (void)ldy;
+    q4_row(M, K, gs, q, s, b, xp, y, ldy);
+    q4_row(M, K, gs, q + row_bytes, s + G, b + G, xp, y + 1, ldy);
 }
 
 static inline void q8_row(int M, int K, int gs, const uint8_t *q, const uint16_t *s,
@@ -187,11 +191,7 @@ static inline void q8_row(int M, int K, int gs, const uint8_t *q, const uint16_t
                 for (int j = 0; j < 16; j++) acc[m][j] += w[j] * x[(size_t)m * K + c + j];
         }
     }
-    for (int m = 0; m < M; m++) {
-        float t = 0.f;
-        for (int j = 0; j < 16; j++) t += acc[m][j];
-        y[(size_t)m * ldy] = t;
-    }
+    store_sums(M, acc, y, ldy);
 }
 #endif
 
@@ -209,9 +209,9 @@ int kiln_qmm(int bits, int M, int N, int K, int group_size, const uint8_t *q, co
     }
     size_t row_bytes = (size_t)K * bits / 8, G = (size_t)(K / group_size);
     int parallel = (long)M * N * K >= parallel_macs;
-    /* Output rows are taken two at a time where the AVX-512 loops pair them (4 bits, 2+ input
-     * rows); work item t is then the pair 2t, and the last item of an odd N a single row. */
-    int pairs = (KILN_PAIRED_ROWS && bits == 4 && M >= 2) ? N / 2 : 0;
+    /* 4-bit output rows are taken two at a time for 2+ input rows; work item t is then the
+     * pair 2t, and the last item of an odd N a single row. */
+    int pairs = (bits == 4 && M >= 2) ? N / 2 : 0;
     int items = pairs + (N - 2 * pairs);
 #define KILN_ROWS(n)                                                                            \
     case n:                                                                                     \
