@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
@@ -58,8 +58,15 @@ def _routes() -> list[Route]:
     return routes
 
 
+def _bad_gateway(message: str) -> Response:
+    """The hosted contract's answer when the model backend failed: 502 with a plain-text body."""
+    return PlainTextResponse(f"Bad Gateway: {message}\n", status_code=502)
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    if request.app.state.accounts is not None and exc.status in (500, 502, 504):
+        return _bad_gateway(exc.message)
     return exc.response()
 
 
@@ -70,7 +77,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return JSONResponse(ApiError(500, "The server had an error while processing the request.").body(), status_code=500)
+    message = "The server had an error while processing the request."
+    if request.app.state.accounts is not None:
+        return _bad_gateway(message)
+    return JSONResponse(ApiError(500, message).body(), status_code=500)
 
 
 def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlette:

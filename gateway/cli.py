@@ -63,6 +63,8 @@ def hosted_settings(host: str, options: dict) -> dict:
 @click.option("--workers-bind", default="tcp://127.0.0.1:5555", show_default=True, envvar="KILN_WORKERS_BIND", help="ZeroMQ address workers connect to.")
 @click.option("--max-body-bytes", default=32 << 20, show_default=True, type=int, envvar="KILN_MAX_BODY_BYTES", help="Largest request body accepted; larger ones get 413.")
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float, envvar="KILN_HEARTBEAT_TIMEOUT", help="Seconds of worker silence before its requests are failed.")
+@click.option("--first-event-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), envvar="KILN_FIRST_EVENT_TIMEOUT", help="Seconds a worker may take to start answering a request (queueing, prefill, compaction) before it fails with 504.")
+@click.option("--event-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True), envvar="KILN_EVENT_TIMEOUT", help="Seconds a worker may stay silent between two events of a request before it fails with 504.")
 @click.option("--hosted-tools", type=click.Choice(["reject", "drop"]), default="reject", show_default=True, envvar="KILN_HOSTED_TOOLS", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
 @click.option("--secret-key", default=None, envvar="KILN_SECRET_KEY", help="Key that signs reasoning and compaction content handed to clients. Set the same key on every gateway replica; default: random per process.")
@@ -77,6 +79,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
     stores["secret_key"] = options.pop("secret_key")
     stores["reasoning_echo_max_bytes"] = options.pop("reasoning_echo_max_bytes")
     default_temperature = options.pop("default_temperature")
+    timeouts = {"first_event_timeout_s": options.pop("first_event_timeout"), "event_timeout_s": options.pop("event_timeout")}
     hosted = hosted_settings(host, options)
     settings = Settings(
         host=host,
@@ -86,6 +89,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
         heartbeat_timeout_s=heartbeat_timeout,
         hosted_tools=hosted_tools,
         default_temperature=default_temperature,
+        **timeouts,
         **stores,
         **hosted,
     )

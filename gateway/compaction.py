@@ -17,6 +17,7 @@ from typing import Any
 from kiln.protocol import Compact, Compacted, Failed
 
 from .errors import ApiError, invalid
+from .generation import reply
 from .sealing import SealError, Sealer
 from .workers import NoWorker, WorkerPool, routing_key
 
@@ -69,7 +70,7 @@ def expand_items(items: list[dict], sealer: Sealer) -> list[dict]:
     return out
 
 
-async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int) -> Compaction:
+async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None) -> Compaction:
     """Have a worker compact ``body["input"]`` (stored form; expanded here before sending)."""
     stored = body["input"]
     wire = {**body, "input": expand_items(stored, sealer)}
@@ -80,7 +81,7 @@ async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, k
     req_id = uuid.uuid4().hex
     channel = await pool.open(worker, req_id, Compact(req_id, wire, keep_tokens, max_output_tokens))
     try:
-        message = await channel.get()
+        message = await reply(channel, timeout_s)
     finally:
         pool.close(channel, cancel=not channel.finished)
     if isinstance(message, Failed):

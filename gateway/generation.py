@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -58,6 +59,14 @@ class Generation:
         self.timer: Any = None
         # True when the response is complete without a generation (a compaction_trigger turn).
         self.done_without_worker = False
+        # The running usage after the last worker message (what a cut stream received), and the
+        # usage of compaction the gateway ran for this response (billed with it).
+        self.delivered_usage: dict[str, Any] | None = None
+        self.compaction_usage: dict[str, Any] | None = None
+        # How long the worker may take to send its first message, and then each next one, before
+        # the response fails (a hung worker must never hold a client or its slots forever).
+        self.first_event_timeout_s: float | None = None
+        self.event_timeout_s: float | None = None
 
     async def open(self) -> None:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
@@ -98,13 +107,23 @@ class Generation:
         if self.done_without_worker:
             return
         assert self.channel is not None, "open() first"
+        timeout = self.first_event_timeout_s
         try:
             while True:
-                message = await self.channel.get()
+                try:
+                    message = await asyncio.wait_for(self.channel.get(), timeout)
+                except asyncio.TimeoutError:
+                    text = "The model backend did not answer in time."
+                    self.response.fail("server_error", text)
+                    raise GenerationFailed(504, "server_error", text) from None
+                timeout = self.event_timeout_s
                 if message is None or self.cancelled:
                     self.response.cancel()
                     return
                 if isinstance(message, Event):
+                    running = getattr(message, "usage", None)
+                    if isinstance(running, dict):
+                        self.delivered_usage = _complete_usage(running)
                     for event in message.events:
                         yield self._apply(event)
                 elif isinstance(message, Done):
@@ -162,7 +181,15 @@ def terminal_event(response: ResponseObject) -> dict[str, Any]:
     return {"type": kind, "response": response.snapshot()}
 
 
-async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str) -> int:
+async def reply(channel: Channel, timeout_s: float | None) -> Any:
+    """The one message a single-answer request (count, compact) gets, within ``timeout_s``."""
+    try:
+        return await asyncio.wait_for(channel.get(), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(504, "The model backend did not answer in time.", code="server_error") from None
+
+
+async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None = None) -> int:
     """Ask a worker how many tokens ``body`` renders to."""
     from kiln.protocol import CountTokens, TokenCount
 
@@ -173,9 +200,9 @@ async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str) -> in
     req_id = uuid.uuid4().hex
     channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, body=body))
     try:
-        message = await channel.get()
+        message = await reply(channel, timeout_s)
     finally:
-        pool.close(channel, cancel=False)
+        pool.close(channel, cancel=not channel.finished)
     if isinstance(message, TokenCount):
         return message.input_tokens
     if isinstance(message, Failed):

@@ -92,6 +92,8 @@ class ResponsesService:
         generation.owner = owner
         generation.wire_input = compaction.expand_items(body["input"], self.sealer)
         generation.compact_threshold = threshold
+        generation.first_event_timeout_s = self.settings.first_event_timeout_s
+        generation.event_timeout_s = self.settings.event_timeout_s
         if "reasoning.encrypted_content" in (body.get("include") or []):
             generation.item_hook = self.seal_reasoning
         return generation, own_input
@@ -105,7 +107,7 @@ class ResponsesService:
         window = self.pool.context_window(model) or 0
         items = body["input"]
         if items and items[-1].get("type") == "compaction_trigger":
-            result = await compaction.compact(self.pool, self.sealer, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS)
+            result = await compaction.compact(self.pool, self.sealer, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
             generation.add_prefix_item(result.item)
             generation.done_without_worker = True
             generation.response.finish("completed", complete_usage(result.usage))
@@ -113,11 +115,12 @@ class ResponsesService:
         threshold = generation.compact_threshold
         if threshold is None:
             return
-        counted = await count_tokens(self.pool, {**body, "input": generation.wire_input}, model)
+        counted = await count_tokens(self.pool, {**body, "input": generation.wire_input}, model, self.settings.first_event_timeout_s)
         if counted < threshold and counted < window - 1:
             return
         rid = generation.response.id
-        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS)
+        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+        generation.compaction_usage = result.usage  # billed with the response
         body["input"] = result.history
         generation.wire_input = compaction.expand_items(result.history, self.sealer)
         generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
@@ -136,7 +139,7 @@ class ResponsesService:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
         body = {**body, "model": model, "input": _with_ids(self.unseal_items(body["input"]))}
-        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=keep, max_output_tokens=max_out)
+        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
         return compaction.compact_resource(result, model)
 
     # -- sealed content --------------------------------------------------------------------------

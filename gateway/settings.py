@@ -12,6 +12,11 @@ class Settings:
     workers_bind: str = "tcp://127.0.0.1:5555"
     max_body_bytes: int = 32 << 20
     heartbeat_timeout_s: float = 5.0
+    # Bounded waiting: how long a worker may take to send a request's first message (prefill,
+    # queueing, compaction) and then each next one, before the request fails with 504 /
+    # response.failed and frees its slots.
+    first_event_timeout_s: float = 300.0
+    event_timeout_s: float = 60.0
     # What to do with hosted built-in tool types (web_search, ...): "reject" answers 400 as the
     # spec says; "drop" removes them so clients that always send them (Codex) still work.
     hosted_tools: str = "reject"

@@ -3,7 +3,8 @@
 It plays the model's part with no weights: replies are fixed text, one byte a token, after an
 optional delay per token. Faults are injected from the prompt text so that tests can provoke them
 deterministically: ``[[crash]]`` kills the worker process mid-generation, ``[[error]]`` fails the
-request on the scheduler thread. Real-model tests cover the same code paths.
+request on the scheduler thread, ``[[hang]]`` stops serving it after three tokens while the worker
+keeps heartbeating (the gateway's deadlines must end it). Real-model tests cover the same code paths.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class ScriptedScheduler:
         prompt_text = bytes(t for t in request.prompt if t < 256)
         if b"[[crash]]" in prompt_text and produced >= 3:
             os._exit(17)
+        if b"[[hang]]" in prompt_text and produced >= 3:
+            return  # stays active and never advances: a request the worker silently stopped serving
         if b"[[error]]" in prompt_text and produced >= 3:
             del self._active[handle]
             request.on_step(Step(None, None, None, "error", error="scripted failure"))

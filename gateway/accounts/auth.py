@@ -3,8 +3,9 @@
 Checks, in order: a key is present, known and not revoked (401 ``invalid_api_key``); the key may use
 the requested model (403 ``model_not_allowed``); the organization has credits left (402
 ``insufficient_quota``). Lookups are cached for ``cache_ttl`` seconds (default 2) so a busy
-organization costs one indexed query per key per TTL, while a revocation or an exhausted balance
-still takes effect within that time, on every replica, with no invalidation messages.
+organization costs one indexed query per key per TTL, while a revocation still takes effect within
+that time, on every replica, with no invalidation messages. The cached balance only answers
+``require_credits`` here; metered requests are admitted on the live balance (admission.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Principal:
     org_name: str
     key_prefix: str
     concurrency_limit: int
+    # The models this key may use; None for every model in the catalog.
+    allowed_models: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,15 +137,17 @@ class Authenticator:
             row = (await conn.execute(query)).first()
         if row is None:
             return None
+        allowed = decode_models(row.allowed_models)
         principal = Principal(
             org_id=row.id,
             org_name=row.name,
             key_prefix=row.prefix,
             concurrency_limit=row.concurrency_limit,
+            allowed_models=allowed,
         )
         return _KeyRecord(
             principal=principal,
-            allowed_models=decode_models(row.allowed_models),
+            allowed_models=allowed,
             revoked=bool(row.revoked),
             credits_nanousd=row.credits_nanousd,
         )

@@ -3,9 +3,18 @@
 The gateway mints a generation id before it sends anything (it goes in the
 ``X-Neocloud-Generation-Id`` header, also on streams), then calls ``Meter.record`` once the final
 event or error is known. Writing the event and debiting the organization happen in one transaction,
-so the ledger and the balance can never disagree. ``completed`` and ``incomplete`` generations are
-billed; ``failed`` and ``error`` ones are recorded with cost 0. Recording is idempotent per
+so the ledger and the balance can never disagree. ``completed``, ``incomplete`` and ``cancelled``
+generations are billed (a stream cut by its client or cancelled by it is billed for what it
+delivered); ``failed`` and ``error`` ones are recorded with cost 0. Recording is idempotent per
 generation id: a retried call neither duplicates the row nor debits twice.
+
+Admission reserves before a worker is involved (``reserve``): one transaction debits the request's
+worst-case cost, only while the balance is above zero, and writes a ``pending`` row carrying the
+reservation as its cost. ``settle`` turns that row into the final one and gives back what the
+reservation over-took, again in one transaction. So the balance is checked live (no cache), N
+concurrent requests can overdraw by at most the last one's reservation, and the ledger still sums
+to what was debited at every instant. A pending row whose gateway died is refunded by
+``expire_pending`` once it is older than any request can run.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from .schema import organizations, usage_events, utcnow
 
 log = logging.getLogger(__name__)
 
-BILLED_STATUSES = frozenset({"completed", "incomplete"})
+BILLED_STATUSES = frozenset({"completed", "incomplete", "cancelled"})
 UNBILLED_STATUSES = frozenset({"failed", "error"})
+PENDING = "pending"
 MAX_PAGE = 1000
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -158,6 +168,12 @@ class Meter:
         )
         return usd_to_nanos(cost)
 
+    def price_nanos(self, model: str, input_tokens: int, output_tokens: int) -> int:
+        """What ``input_tokens`` in and ``output_tokens`` out would cost, in nano-dollars."""
+        if model not in self._catalog:
+            return 0
+        return usd_to_nanos(self._catalog.cost(model, input_tokens, 0, output_tokens))
+
     async def record(self, record: UsageRecord) -> UsageEvent:
         """Write the event and debit its cost in one transaction; return the ledger row."""
         if record.status not in BILLED_STATUSES | UNBILLED_STATUSES:
@@ -206,6 +222,102 @@ class Meter:
             latency_ms=values["latency_ms"],
             created_at=values["created_at"],
         )
+
+    async def reserve(self, pending: UsageRecord, reserve_nanos: int) -> bool:
+        """Debit ``reserve_nanos`` and write the pending row, if the organization's balance is above
+        zero right now; False (nothing written) when it is not."""
+        reserve_nanos = max(0, int(reserve_nanos))
+        async with self._db.engine.begin() as conn:
+            debit = await conn.execute(
+                organizations.update()
+                .where(organizations.c.id == pending.org_id, organizations.c.credits_nanousd > 0)
+                .values(credits_nanousd=organizations.c.credits_nanousd - reserve_nanos)
+            )
+            if debit.rowcount != 1:
+                return False
+            await conn.execute(
+                usage_events.insert().values(
+                    generation_id=pending.generation_id,
+                    org_id=pending.org_id,
+                    key_prefix=pending.key_prefix,
+                    model=pending.model,
+                    input_tokens=0,
+                    cached_tokens=0,
+                    output_tokens=0,
+                    cost_nanousd=reserve_nanos,
+                    status=PENDING,
+                    latency_ms=0,
+                    created_at=utcnow(),
+                )
+            )
+        return True
+
+    async def settle(self, record: UsageRecord, reserved_nanos: int) -> UsageEvent:
+        """Replace the pending row of ``record.generation_id`` by the final one and refund
+        ``reserved_nanos - cost``; idempotent (a settled row is returned as it is)."""
+        if record.status not in BILLED_STATUSES | UNBILLED_STATUSES:
+            raise ValueError(f"unknown usage status {record.status!r}")
+        if min(record.input_tokens, record.cached_tokens, record.output_tokens, record.latency_ms) < 0:
+            raise ValueError("token counts and latency must not be negative")
+        cost = self.cost_nanos(record)
+        async with self._db.engine.begin() as conn:
+            updated = await conn.execute(
+                usage_events.update()
+                .where(usage_events.c.generation_id == record.generation_id, usage_events.c.status == PENDING)
+                .values(
+                    status=record.status,
+                    input_tokens=record.input_tokens,
+                    cached_tokens=min(record.cached_tokens, record.input_tokens),
+                    output_tokens=record.output_tokens,
+                    cost_nanousd=cost,
+                    latency_ms=int(record.latency_ms),
+                )
+            )
+            if updated.rowcount == 1 and reserved_nanos != cost:
+                await conn.execute(
+                    organizations.update()
+                    .where(organizations.c.id == record.org_id)
+                    .values(credits_nanousd=organizations.c.credits_nanousd + (int(reserved_nanos) - cost))
+                )
+        event = await self.get(record.org_id, record.generation_id)
+        if event is None:
+            raise LookupError(f"no ledger row for {record.generation_id}")
+        return event
+
+    async def expire_pending(self, older_than: datetime) -> int:
+        """Refund and close (status ``failed``, cost 0) pending rows created before ``older_than``:
+        their gateway died before settling them. Returns how many were closed."""
+        async with self._db.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(usage_events.c.generation_id, usage_events.c.org_id, usage_events.c.cost_nanousd).where(
+                        usage_events.c.status == PENDING, usage_events.c.created_at < _as_datetime(older_than)
+                    )
+                )
+            ).all()
+        closed = 0
+        for row in rows:
+            async with self._db.engine.begin() as conn:
+                done = await conn.execute(
+                    usage_events.update()
+                    .where(usage_events.c.generation_id == row.generation_id, usage_events.c.status == PENDING)
+                    .values(status="failed", cost_nanousd=0)
+                )
+                if done.rowcount == 1:
+                    closed += 1
+                    if row.cost_nanousd:
+                        await conn.execute(
+                            organizations.update()
+                            .where(organizations.c.id == row.org_id)
+                            .values(credits_nanousd=organizations.c.credits_nanousd + row.cost_nanousd)
+                        )
+        return closed
+
+    async def balance_nanos(self, org_id: int) -> int:
+        """The organization's balance as the database has it now (admission reads it uncached)."""
+        async with self._db.engine.connect() as conn:
+            value = (await conn.execute(select(organizations.c.credits_nanousd).where(organizations.c.id == org_id))).scalar()
+        return int(value or 0)
 
     async def get(self, org_id: int, generation_id: str) -> UsageEvent | None:
         query = select(usage_events).where(

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from typing import TypeVar
 
 from sqlalchemy.exc import OperationalError
 
@@ -21,6 +24,7 @@ from .limits import ConcurrencyLimiter, InMemoryLimiter
 from .metering import Meter, UsageEvent, UsageRecord
 
 log = logging.getLogger("kiln.gateway.accounts")
+T = TypeVar("T")
 
 AUTH_MODES = ("none", "keys")
 
@@ -91,6 +95,10 @@ class Accounts:
         self.meter: Meter | None = None
         self.limiter: ConcurrencyLimiter | None = None
         self._write_lock: asyncio.Lock | None = None
+        # A pending (reserved, unsettled) ledger row older than this is a request whose gateway
+        # died: it is refunded. Longer than any request may run.
+        self.pending_ttl_s = 3600.0
+        self._expiry: asyncio.Task | None = None
 
     @classmethod
     def from_settings(cls, settings) -> Accounts:
@@ -126,6 +134,7 @@ class Accounts:
             self.limiter = RedisLimiter.from_url(self.redis_url, namespace=self.redis_namespace)
         else:
             self.limiter = InMemoryLimiter()
+        self._expiry = asyncio.create_task(self._expire_pending_loop(), name="kiln-expire-pending")
         log.info(
             "hosted accounts ready",
             extra={
@@ -135,29 +144,60 @@ class Accounts:
             },
         )
 
-    async def record(self, record: UsageRecord, *, attempts: int = 6) -> UsageEvent:
-        """Write one usage event (and its debit), retrying a busy database.
+    async def record(self, record: UsageRecord) -> UsageEvent:
+        """Write one usage event (and its debit) without a reservation."""
+        assert self.meter is not None
+        return await self._write(lambda meter: meter.record(record), record.generation_id)
+
+    async def reserve(self, pending: UsageRecord, reserve_nanos: int) -> bool:
+        """Debit a request's worst case and write its pending row, while the balance is above zero."""
+        return await self._write(lambda meter: meter.reserve(pending, reserve_nanos), pending.generation_id)
+
+    async def settle(self, record: UsageRecord, reserved_nanos: int) -> UsageEvent:
+        """Turn a request's pending row into its final one and refund the unused reservation."""
+        return await self._write(lambda meter: meter.settle(record, reserved_nanos), record.generation_id)
+
+    async def _write(self, action: Callable[[Meter], Awaitable[T]], generation_id: str, *, attempts: int = 6) -> T:
+        """Run one ledger transaction, retrying a busy database.
 
         On SQLite the writes of this process go one at a time: concurrent deferred transactions in
         WAL mode can fail at once with "database is locked" (the busy timeout does not apply when a
         read snapshot must be upgraded). A retry is safe: the failed transaction rolled back, and
-        ``Meter.record`` is idempotent per generation id."""
+        every ledger write is idempotent per generation id."""
+        assert self.meter is not None
         delay = 0.02
         for attempt in range(attempts):
             try:
                 if self._write_lock is None:
-                    return await self.meter.record(record)
+                    return await action(self.meter)
                 async with self._write_lock:
-                    return await self.meter.record(record)
+                    return await action(self.meter)
             except OperationalError:
                 if attempt == attempts - 1:
                     raise
-                log.warning("usage write failed; retrying", extra={"generation_id": record.generation_id, "attempt": attempt + 1})
+                log.warning("usage write failed; retrying", extra={"generation_id": generation_id, "attempt": attempt + 1})
                 await asyncio.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
 
+    async def _expire_pending_loop(self) -> None:
+        """Refund reservations whose gateway died before settling them (any replica may do it)."""
+        assert self.meter is not None
+        while True:
+            try:
+                older_than = datetime.now(timezone.utc) - timedelta(seconds=self.pending_ttl_s)
+                closed = await self._write(lambda meter: meter.expire_pending(older_than), "expire-pending")
+                if closed:
+                    log.warning("refunded reservations of requests that never settled", extra={"rows": closed})
+            except Exception:
+                log.exception("could not expire pending usage rows")
+            await asyncio.sleep(min(300.0, max(1.0, self.pending_ttl_s / 4)))
+
     async def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            await asyncio.gather(self._expiry, return_exceptions=True)
+            self._expiry = None
         if self.limiter is not None:
             await self.limiter.close()
         if self.db is not None:

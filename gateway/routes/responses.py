@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
+from decimal import Decimal
 from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ..admission import admit
 from ..body import read_json
 from ..errors import ApiError, invalid
-from ..generation import Generation, GenerationFailed, count_tokens, terminal_event
+from ..generation import GenerationFailed, count_tokens, terminal_event
+from ..lifecycle import ResponseRun
 from ..compaction import expand_items
 from ..history import expand
 from ..responses_service import ResponsesService
@@ -33,9 +36,17 @@ def _owner(request: Request) -> object:
     return getattr(principal, "org_id", None)
 
 
-async def _body(request: Request) -> dict:
+async def _read(request: Request) -> dict:
+    """The request body as a JSON object (bounded; 400/413 otherwise)."""
+    raw = await read_json(request, request.app.state.settings.max_body_bytes)
+    if not isinstance(raw, dict):
+        raise invalid("The request body must be a JSON object.")
+    return raw
+
+
+def _validated(request: Request, raw: dict) -> dict:
     settings = request.app.state.settings
-    body = validate_create(await read_json(request, settings.max_body_bytes), hosted_tools=settings.hosted_tools)
+    body = validate_create(raw, hosted_tools=settings.hosted_tools)
     if body.get("temperature") is None and settings.default_temperature is not None:
         body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
     session = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
@@ -44,43 +55,58 @@ async def _body(request: Request) -> dict:
     return body
 
 
+def _with_cost(payload: dict, cost: Decimal | None) -> dict:
+    """A non-streaming body with the hosted contract's ``usage.cost`` (USD) when one was debited."""
+    if cost is None or not isinstance(payload.get("usage"), dict):
+        return payload
+    return {**payload, "usage": {**payload["usage"], "cost": float(cost)}}
+
+
 async def create_response(request: Request) -> Response:
     service = _service(request)
-    body = await _body(request)
-    generation, own_input = service.prepare(body, _owner(request))
-    if body["background"]:
-        return JSONResponse(await service.start_background(generation, own_input))
-    opening = generation.response.snapshot()  # as it stands before any compaction work
+    raw = await _read(request)
+    ticket = await admit(request, raw)
     try:
+        body = _validated(request, raw)
+        generation, own_input = service.prepare(body, _owner(request))
+        if body["background"]:
+            return JSONResponse(await service.start_background(generation, own_input))
+        run = ResponseRun(service, generation, own_input, ticket, streaming=body["stream"])
+        opening = generation.response.snapshot()  # as it stands before any compaction work
         # Compaction can run for a while before the stream opens: a client that gives up
         # meanwhile must not leave it running on a worker.
-        await _while_connected(request, service.start_foreground(generation))
+        await _while_connected(request, run.start())
     except ClientDisconnected:
+        await ticket.close()
         return Response(status_code=499)
+    except BaseException:
+        await ticket.close()
+        raise
     if body["stream"]:
         return StreamingResponse(
-            _stream(service, generation, own_input, opening),
+            _stream(run, opening),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        await _while_connected(request, _drain(generation))
+        await _while_connected(request, _drain(run))
     except GenerationFailed as failure:
+        await run.finish()
         raise failure.api_error()
     except ClientDisconnected:
-        generation.response.cancel()
+        await run.finish(client_gone=True)
         return Response(status_code=499)
     finally:
-        service.finish_foreground(generation, own_input)
-    return JSONResponse(generation.response.snapshot())
+        cost = await run.finish()  # before the body leaves: a client that got it is billed
+    return JSONResponse(_with_cost(generation.response.snapshot(), cost))
 
 
 class ClientDisconnected(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-async def _drain(generation: Generation) -> None:
-    async for _ in generation.events():
+async def _drain(run: ResponseRun) -> None:
+    async for _ in run.events():
         pass
 
 
@@ -107,25 +133,22 @@ async def _while_connected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def _stream(service: ResponsesService, generation: Generation, own_input: list[dict], opening: dict) -> AsyncIterator[bytes]:
-    """The SSE body. If the client goes away Starlette cancels this generator; the ``finally``
-    in ``Generation.events`` then tells the worker to stop."""
+async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
+    """The SSE body. If the client goes away Starlette cancels this generator; its ``finally``
+    then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
     seq = EventSequencer()
-    response = generation.response
     try:
         yield seq.frame({"type": "response.created", "response": opening})
         yield seq.frame({"type": "response.in_progress", "response": opening})
         try:
-            async for event in generation.events():
+            async for event in run.events():
                 yield seq.frame(event)
         except GenerationFailed:
             pass
-        service.finish_foreground(generation, own_input)
-        yield seq.frame(terminal_event(response))
+        await run.finish()  # before the terminal event leaves
+        yield seq.frame(terminal_event(run.response))
     finally:
-        if generation.response.id in service.inflight:
-            service.inflight.pop(generation.response.id, None)
-            generation.close()
+        await run.finish(client_gone=True)  # a no-op when the run finished above
 
 
 async def get_response(request: Request) -> Response:
@@ -173,28 +196,42 @@ async def list_input_items(request: Request) -> Response:
 
 async def compact_response(request: Request) -> Response:
     settings = request.app.state.settings
-    raw = await read_json(request, settings.max_body_bytes)
-    if not isinstance(raw, dict):
-        raise invalid("The request body must be a JSON object.")
-    for key in ("stream", "previous_response_id", "conversation"):
-        if raw.get(key) not in (None, False):
-            raise invalid(f"'{key}' is not supported by /responses/compact; send the full history in 'input'.", param=key)
-    body = validate_create({k: v for k, v in raw.items() if k not in ("keep_tokens",)}, hosted_tools=settings.hosted_tools)
-    if "keep_tokens" in raw:
-        body["keep_tokens"] = raw["keep_tokens"]
-    if "max_output_tokens" in raw and raw["max_output_tokens"] is not None and not 1 <= raw["max_output_tokens"] <= 16384:
-        raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
-    return JSONResponse(await _service(request).compact_endpoint(body))
+    raw = await _read(request)
+    ticket = await admit(request, raw)
+    try:
+        for key in ("stream", "previous_response_id", "conversation"):
+            if raw.get(key) not in (None, False):
+                raise invalid(f"'{key}' is not supported by /responses/compact; send the full history in 'input'.", param=key)
+        body = validate_create({k: v for k, v in raw.items() if k not in ("keep_tokens",)}, hosted_tools=settings.hosted_tools)
+        if "keep_tokens" in raw:
+            body["keep_tokens"] = raw["keep_tokens"]
+        max_out = raw.get("max_output_tokens")
+        if max_out is not None and (isinstance(max_out, bool) or not isinstance(max_out, int) or not 1 <= max_out <= 16384):
+            raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
+        resource = await _while_connected(request, _service(request).compact_endpoint(body))
+        cost = await ticket.settle("completed", resource.get("usage"))
+        return JSONResponse(_with_cost(resource, cost))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await ticket.close()
 
 
 async def input_tokens(request: Request) -> Response:
     service = _service(request)
-    body = await _body(request)
-    model = service.pool.resolve(body["model"])
-    if model is None:
-        raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
-    body["model"] = model
-    history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-    body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
-    count = await count_tokens(service.pool, body, model)
-    return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+    raw = await _read(request)
+    ticket = await admit(request, raw, reserve=False)  # key scope, credits, concurrency; not billed
+    try:
+        body = _validated(request, raw)
+        model = service.pool.resolve(body["model"])
+        if model is None:
+            raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+        body["model"] = model
+        history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
+        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
+        count = await _while_connected(request, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await ticket.close()

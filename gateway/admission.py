@@ -1,0 +1,75 @@
+"""Admission for every front door, in one function: the hosted checks when accounts are on
+(``accounts/admission.py``), nothing in local mode.
+
+A route calls ``admit`` once it has parsed the body and before any worker is involved, and hands
+the ticket to the response lifecycle, which settles it. Routes never meter; the ticket is the hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Protocol
+
+from starlette.requests import Request
+
+from .accounts.middleware import GENERATION_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, accounts_unavailable
+from .errors import ApiError
+
+
+class Ticket(Protocol):
+    """What admission hands the lifecycle: settle the bill once, close on every exit."""
+
+    @property
+    def settled(self) -> bool: ...
+
+    async def settle(self, status: str, usage: Mapping[str, Any] | None = None) -> Decimal | None:
+        """Record the outcome (ledger status) and the usage the client received; the USD debited."""
+        ...
+
+    async def close(self) -> None:
+        """Release what admission took; an unsettled ticket is recorded as an error."""
+        ...
+
+
+class OpenTicket:
+    """Local mode: nothing is reserved, held or billed."""
+
+    def __init__(self) -> None:
+        self._settled = False
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    async def settle(self, status: str, usage: Mapping[str, Any] | None = None) -> Decimal | None:
+        self._settled = True
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def admit(request: Request, body: Mapping[str, Any], *, reserve: bool = True) -> Ticket:
+    """Admit one request of an authenticated caller; raises the contract's ApiError.
+
+    ``reserve`` is False for work that is checked (key scope, credits, concurrency) but not billed,
+    such as counting input tokens."""
+    accounts = request.app.state.accounts
+    if accounts is None:
+        return OpenTicket()
+    from .accounts.admission import admit as hosted_admit
+
+    try:
+        return await hosted_admit(
+            accounts,
+            principal=request.scope[PRINCIPAL_SCOPE_KEY],
+            generation_id=request.scope.get(GENERATION_SCOPE_KEY) or "",
+            body=body,
+            pool=request.app.state.pool,
+            reserve=reserve,
+        )
+    except ApiError:
+        raise
+    except Exception as exc:  # the accounts database or Redis is down
+        raise accounts_unavailable(exc) from None

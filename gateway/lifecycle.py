@@ -1,0 +1,131 @@
+"""The life of one foreground response, in one object, whatever door it came through.
+
+``ResponseRun`` starts a prepared generation (compaction phase, a worker), hands its events to the
+door that frames them (JSON, SSE; WebSocket next), and on every exit -- completed, incomplete,
+failed, cancelled, client gone -- does the same things once, in the same order:
+
+1. stores the response (when ``store`` is on) and forgets it as in flight, so ``cancel`` no longer
+   reaches it and its worker channel is closed (the worker is told to stop if it had not finished);
+2. settles the admission ticket with what the client received: the final usage, or for a cut
+   stream or a cancel the usage of the events delivered so far, plus any compaction done for it;
+3. closes the ticket, which releases the organization's concurrency slot.
+
+The doors call ``finish()`` themselves before their last bytes leave, so that a client that saw a
+finished response is always in the ledger; the ``finally`` of the door calls it again (a no-op
+then) with ``client_gone=True`` when the client left first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .admission import Ticket
+from .generation import Generation
+
+if TYPE_CHECKING:
+    from .responses_service import ResponsesService
+
+
+def add_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The sum of two Responses ``usage`` objects (either may be None)."""
+    if not a:
+        return dict(b) if b else None
+    if not b:
+        return dict(a)
+
+    def n(u: Mapping[str, Any], key: str, sub: str | None = None) -> int:
+        v = u.get(key)
+        if sub is not None:
+            v = v.get(sub) if isinstance(v, Mapping) else 0
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    inp = n(a, "input_tokens") + n(b, "input_tokens")
+    out = n(a, "output_tokens") + n(b, "output_tokens")
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {"cached_tokens": n(a, "input_tokens_details", "cached_tokens") + n(b, "input_tokens_details", "cached_tokens")},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": n(a, "output_tokens_details", "reasoning_tokens") + n(b, "output_tokens_details", "reasoning_tokens")},
+        "total_tokens": inp + out,
+    }
+
+
+def ledger_outcome(status: str, *, client_gone: bool, delivered_output: bool) -> str:
+    """The ledger status for a response that ended in ``status``.
+
+    Completed and incomplete responses are billed as such; a response cancelled by its owner is
+    billed as ``cancelled`` for what it streamed; a client that left mid-stream is billed
+    ``incomplete`` for what it received; a failure, or a client that left before receiving any
+    output, is recorded unbilled as ``failed``."""
+    if status in ("completed", "incomplete"):
+        return status
+    if client_gone:
+        return "incomplete" if delivered_output else "failed"
+    if status == "cancelled":
+        return "cancelled"
+    return "failed"
+
+
+class ResponseRun:
+    """One foreground response between admission and its last byte."""
+
+    def __init__(self, service: "ResponsesService", generation: Generation, own_input: list[dict[str, Any]], ticket: Ticket, *, streaming: bool) -> None:
+        self.service = service
+        self.generation = generation
+        self.own_input = own_input
+        self.ticket = ticket
+        self.streaming = streaming
+        self._finished = False
+        self._cost: Decimal | None = None
+
+    @property
+    def response(self) -> Any:
+        return self.generation.response
+
+    async def start(self) -> None:
+        """Compaction phase, then a worker; raises ApiError when the response cannot start."""
+        await self.service.start_foreground(self.generation)
+
+    def events(self) -> AsyncIterator[dict[str, Any]]:
+        """The response's events without sequence numbers (raises GenerationFailed at the end of a
+        failed one, after the response was marked failed)."""
+        return self.generation.events()
+
+    def billable_usage(self, *, client_gone: bool) -> dict[str, Any] | None:
+        """What the client received: the final usage, else the running usage of the last event
+        delivered; plus the usage of compaction done for this response."""
+        generation = self.generation
+        final = self.response.data.get("usage")
+        received = final if (final and not client_gone and self.response.status in ("completed", "incomplete")) else generation.delivered_usage
+        if not self.streaming and client_gone:
+            received = None  # a non-streaming client that left received nothing
+        return add_usage(received, generation.compaction_usage)
+
+    async def finish(self, *, client_gone: bool = False) -> Decimal | None:
+        """Store, forget, settle and release, once; the USD debited (hosted mode) or None."""
+        if self._finished:
+            return self._cost
+        self._finished = True
+        with anyio.CancelScope(shield=True):
+            generation, response = self.generation, self.response
+            try:
+                if client_gone and response.status not in ("completed", "incomplete", "failed", "cancelled"):
+                    response.cancel()
+                    generation.close()
+                self.service.finish_foreground(generation, self.own_input)
+                generation.close()
+                usage = self.billable_usage(client_gone=client_gone)
+                delivered = bool(usage and usage.get("output_tokens"))
+                if generation.done_without_worker:
+                    delivered = True  # a compaction_trigger turn: the compaction item is the output
+                outcome = ledger_outcome(response.status, client_gone=client_gone, delivered_output=delivered)
+                if outcome == "failed" and not self.streaming and not client_gone:
+                    outcome = "error"  # the client got an HTTP error, not a response
+                self._cost = await self.ticket.settle(outcome, usage)
+            finally:
+                await self.ticket.close()
+        return self._cost
