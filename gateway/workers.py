@@ -61,18 +61,21 @@ class UsageLimits:
     max_output_tokens: int
 
     @classmethod
+    def of(cls, window: int, max_output_tokens: Any = None) -> "UsageLimits":
+        """A request's own output cap (when it sets one), else the worker's context window,
+        which also bounds any prompt."""
+        cap = max_output_tokens if _is_count(max_output_tokens) and max_output_tokens else window
+        return cls(max_input_tokens=window, max_output_tokens=min(cap, window))
+
+    @classmethod
     def for_message(cls, info: Register, message: Any) -> "UsageLimits":
-        """Limits implied by what the gateway asked: the request's own output cap, else the
-        worker's context window (which also bounds any prompt)."""
-        window = info.context_window
+        """The limits implied by what the gateway asked ``info``'s worker for."""
         cap = None
         if isinstance(message, Generate):
             cap = message.body.get("max_output_tokens")
         elif isinstance(message, Compact):
             cap = message.max_output_tokens
-        if not _is_count(cap) or cap <= 0:
-            cap = window
-        return cls(max_input_tokens=window, max_output_tokens=min(cap, window))
+        return cls.of(info.context_window, cap)
 
 
 def _is_count(value: Any) -> bool:
@@ -269,7 +272,7 @@ class WorkerPool:
             self._sock.close(0)
             self._sock = None
         if self._own_ctx:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)
             self._ctx, self._own_ctx = zmq.asyncio.Context.instance(), False
 
     # -- catalogue -------------------------------------------------------------------------------
@@ -325,9 +328,7 @@ class WorkerPool:
     # -- requests --------------------------------------------------------------------------------
     def limits(self, worker: WorkerHandle, max_output_tokens: int | None = None) -> UsageLimits:
         """What ``worker`` may report for a request capped at ``max_output_tokens`` (None: its window)."""
-        window = worker.info.context_window
-        cap = max_output_tokens if _is_count(max_output_tokens) and max_output_tokens else window
-        return UsageLimits(max_input_tokens=window, max_output_tokens=min(cap, window))
+        return UsageLimits.of(worker.info.context_window, max_output_tokens)
 
     async def open(self, worker: WorkerHandle, req_id: str, message: Any, limits: UsageLimits | None = None) -> Channel:
         """Send ``message`` to ``worker`` and return the channel its answers arrive on.
@@ -413,7 +414,10 @@ class WorkerPool:
             log.warning("refused worker %s: %s", message.worker_id, error)
             await self._send(identity, Registered(ok=False, error=error))
             return
-        error = BANNED_ERROR if identity in self._banned else register_violation(message)
+        if identity in self._banned:  # warned about when it was dropped
+            await self._send(identity, Registered(ok=False, error=BANNED_ERROR))
+            return
+        error = register_violation(message)
         if error is not None:
             log.warning("refused worker %r: %s", identity, error)
             await self._send(identity, Registered(ok=False, error=error))
