@@ -84,7 +84,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlette:
-    pool = pool or WorkerPool(settings.workers_bind, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+    pool = pool or WorkerPool(settings.workers_bind, heartbeat_timeout_s=settings.heartbeat_timeout_s, secret=settings.worker_secret)
     # Hosted mode (--auth keys): accounts DB, key auth, metering, limits -- see gateway/accounts/.
     accounts = Accounts.from_settings(settings) if settings.auth == "keys" else None
 

@@ -72,6 +72,8 @@ def hosted_settings(host: str, options: dict) -> dict:
 @click.option("--default-temperature", default=None, type=click.FloatRange(0, 2), envvar="KILN_DEFAULT_TEMPERATURE", help="Temperature for requests that do not set one (default: 1, as OpenAI). Small models ramble less at 0-0.7; clients such as Codex never send one.")
 @store_options
 @hosted_options
+@click.option("--worker-secret", default=None, envvar="KILN_WORKER_SECRET", help="Shared secret workers must hold to connect (ZeroMQ CURVE, encrypted). Required for a --workers-bind other hosts can reach.")
+@click.option("--worker-secret-file", default=None, type=click.Path(dir_okay=False), envvar="KILN_WORKER_SECRET_FILE", help="Read --worker-secret from this file, so it never shows in `ps`.")
 def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat_timeout: float, hosted_tools: str, log_level: str, **options) -> None:
     """Serve the OpenAI Responses API and route requests to kiln-worker processes."""
     configure(log_level)
@@ -81,6 +83,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
     default_temperature = options.pop("default_temperature")
     timeouts = {"first_event_timeout_s": options.pop("first_event_timeout"), "event_timeout_s": options.pop("event_timeout")}
     hosted = hosted_settings(host, options)
+    worker_secret = worker_secret_setting(workers_bind, options.pop("worker_secret"), options.pop("worker_secret_file"))
     settings = Settings(
         host=host,
         port=port,
@@ -92,8 +95,26 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
         **timeouts,
         **stores,
         **hosted,
+        worker_secret=worker_secret,
     )
     serve(settings)
+
+
+def worker_secret_setting(workers_bind: str, value: str | None, path: str | None) -> str | None:
+    """The worker secret, checked; refuses a worker socket other hosts can reach without one."""
+    from kiln.protocol.security import SecretError, is_local_endpoint, load_secret
+
+    try:
+        secret = load_secret(value, path)
+    except SecretError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker-secret")
+    if secret is None and not is_local_endpoint(workers_bind):
+        raise click.UsageError(
+            f"--workers-bind {workers_bind} can be reached from other hosts, and without a worker secret any "
+            "process there could register as a worker. Set --worker-secret-file (or KILN_WORKER_SECRET) on the "
+            "gateway and on every worker, or bind a loopback (tcp://127.0.0.1:PORT) or ipc:// address."
+        )
+    return secret
 
 
 def serve(settings: Settings) -> None:

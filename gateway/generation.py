@@ -79,7 +79,7 @@ class Generation:
             raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
         req_id = uuid.uuid4().hex
         message = Generate(req_id=req_id, response_id=self.response.id, body={**self.body, "input": self.wire_input})
-        self.channel = await self.pool.open(worker, req_id, message)
+        self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.body.get("max_output_tokens")))
 
     def add_prefix_item(self, item: dict[str, Any]) -> None:
         """An output item the gateway made (a compaction), placed before the worker's items."""

@@ -46,4 +46,7 @@ class Settings:
     admin_token: str | None = None
     allow_public_no_auth: bool = False
     auth_cache_ttl: float = 2.0
+    # Shared secret workers must hold to connect (ZeroMQ CURVE; docs/protocol.md). None: plain
+    # ZeroMQ, allowed only on loopback or ipc:// addresses.
+    worker_secret: str | None = None
     extra: dict = field(default_factory=dict)

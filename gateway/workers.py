@@ -3,6 +3,11 @@
 The gateway binds one ROUTER socket; each worker connects a DEALER and registers. Messages for a
 request are delivered to that request's ``Channel``. A worker that stops heartbeating is dropped
 and every request it held gets a ``Failed`` so that no client waits forever.
+
+Nothing a worker reports is taken on trust: with a worker secret only workers holding it can
+connect at all (CURVE, see kiln.protocol.security and worker_auth.py), and a connected worker whose
+report is impossible for the request it answers (usage beyond the request's limits, negative or
+non-integer counts) is dropped like a dead one, so it cannot bill a tenant for work never done.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import zmq.asyncio
 from kiln.protocol import (
     PROTOCOL_VERSION,
     Cancel,
+    Compact,
     Compacted,
     Done,
     Event,
     Failed,
+    Generate,
     Heartbeat,
     ProtocolError,
     Register,
@@ -31,12 +38,113 @@ from kiln.protocol import (
     decode,
     encode,
 )
+from kiln.protocol.security import derive_keys, secure_gateway_socket
 
 log = logging.getLogger("kiln.gateway.workers")
 
 # A request's channel holds at most this many undelivered messages. A worker emits a handful of
 # events per token, so this is far above what a client that keeps reading ever accumulates.
 CHANNEL_LIMIT = 65536
+# Largest context window a worker may announce: beyond any real model, and it bounds the usage
+# a worker may report for a request that sets no max_output_tokens.
+MAX_CONTEXT_WINDOW = 1 << 24
+# Identities of workers dropped for impossible reports that the pool remembers (and refuses).
+BANNED_LIMIT = 4096
+BANNED_ERROR = "this worker was dropped: it reported usage its request cannot have"
+
+
+@dataclass(frozen=True)
+class UsageLimits:
+    """The most usage a worker can truthfully report for one request."""
+
+    max_input_tokens: int
+    max_output_tokens: int
+
+    @classmethod
+    def of(cls, window: int, max_output_tokens: Any = None) -> "UsageLimits":
+        """A request's own output cap (when it sets one), else the worker's context window,
+        which also bounds any prompt."""
+        cap = max_output_tokens if _is_count(max_output_tokens) and max_output_tokens else window
+        return cls(max_input_tokens=window, max_output_tokens=min(cap, window))
+
+    @classmethod
+    def for_message(cls, info: Register, message: Any) -> "UsageLimits":
+        """The limits implied by what the gateway asked ``info``'s worker for."""
+        cap = None
+        if isinstance(message, Generate):
+            cap = message.body.get("max_output_tokens")
+        elif isinstance(message, Compact):
+            cap = message.max_output_tokens
+        return cls.of(info.context_window, cap)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def usage_violation(usage: Any, limits: UsageLimits) -> str | None:
+    """Why ``usage`` cannot be true for a request with ``limits``, or None when it can.
+
+    Absent fields count as zero (the gateway fills them in); present ones must be non-negative
+    integers within the limits, and the details within their totals.
+    """
+    if not isinstance(usage, dict):
+        return "usage is not a map"
+    counts: dict[str, int] = {}
+    for key, bound in (("input_tokens", limits.max_input_tokens), ("output_tokens", limits.max_output_tokens), ("total_tokens", limits.max_input_tokens + limits.max_output_tokens)):
+        value = usage.get(key, 0)
+        if not _is_count(value):
+            return f"{key} is not a non-negative integer"
+        if value > bound:
+            return f"{key} {value} exceeds the request's limit of {bound}"
+        counts[key] = value
+    for parent, details_key, names in (("input_tokens", "input_tokens_details", ("cached_tokens", "cache_write_tokens")), ("output_tokens", "output_tokens_details", ("reasoning_tokens",))):
+        details = usage.get(details_key)
+        if details is None:
+            continue
+        if not isinstance(details, dict):
+            return f"{details_key} is not a map"
+        for name in names:
+            value = details.get(name, 0)
+            if not _is_count(value) or value > counts[parent]:
+                return f"{details_key}.{name} is not an integer between 0 and {parent}"
+    return None
+
+
+def report_violation(message: Any, limits: UsageLimits) -> str | None:
+    """Why a worker's message for a request with ``limits`` cannot be true, or None."""
+    if isinstance(message, Event):
+        if not isinstance(message.events, list) or not all(isinstance(e, dict) for e in message.events):
+            return "events is not a list of maps"
+        usage = getattr(message, "usage", None)  # running usage, where the worker sends it
+        return None if usage is None else usage_violation(usage, limits)
+    if isinstance(message, Done):
+        return usage_violation(message.usage, limits)
+    if isinstance(message, Compacted):
+        for name in ("input_tokens_before", "input_tokens_after"):
+            value = getattr(message, name)
+            if not _is_count(value) or value > limits.max_input_tokens:
+                return f"{name} is not an integer between 0 and {limits.max_input_tokens}"
+        return usage_violation(message.usage, limits)
+    if isinstance(message, TokenCount):
+        # A count may exceed the window (that is what the client asks to learn), never be negative.
+        return None if _is_count(message.input_tokens) else "input_tokens is not a non-negative integer"
+    return None
+
+
+def register_violation(message: Register) -> str | None:
+    """Why a Register cannot describe a real worker, or None."""
+    if not isinstance(message.model, str) or not message.model:
+        return "model is not a name"
+    if not isinstance(message.aliases, list) or not all(isinstance(a, str) for a in message.aliases):
+        return "aliases is not a list of names"
+    if not isinstance(message.worker_id, str):
+        return "worker_id is not a string"
+    if not _is_count(message.context_window) or not 0 < message.context_window <= MAX_CONTEXT_WINDOW:
+        return f"context_window is not an integer between 1 and {MAX_CONTEXT_WINDOW}"
+    if not _is_count(message.capacity) or message.capacity < 1 or not _is_count(message.queue_depth):
+        return "capacity or queue_depth is not a positive integer"
+    return None
 
 
 @dataclass
@@ -66,9 +174,11 @@ class WorkerHandle:
 class Channel:
     """Messages of one request, in the order the worker sent them."""
 
-    def __init__(self, req_id: str, worker: WorkerHandle) -> None:
+    def __init__(self, req_id: str, worker: WorkerHandle, limits: UsageLimits | None = None) -> None:
         self.req_id = req_id
         self.worker = worker
+        # What the worker may truthfully report for this request (checked by the pool).
+        self.limits = limits or UsageLimits(worker.info.context_window, worker.info.context_window)
         self.queue: asyncio.Queue[Any] = asyncio.Queue(CHANNEL_LIMIT)
         self.finished = False
 
@@ -106,24 +216,40 @@ class NoWorker(Exception):
 
 
 class WorkerPool:
-    def __init__(self, bind: str, *, heartbeat_timeout_s: float = 5.0) -> None:
+    def __init__(self, bind: str, *, heartbeat_timeout_s: float = 5.0, secret: str | None = None) -> None:
         self.bind = bind
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        # With a worker secret the ROUTER only admits CURVE clients holding it (worker_auth.py).
+        self.secret = secret
+        self.auth: Any = None  # the WorkerAuthenticator while started with a secret
         self.workers: dict[bytes, WorkerHandle] = {}
         self.channels: dict[str, Channel] = {}
         # prompt_cache_key -> worker identity that last served it (bounded LRU).
         self._sticky: dict[str, bytes] = {}
         self._sticky_limit = 65536
         self._ctx = zmq.asyncio.Context.instance()
+        self._own_ctx = False
+        self._banned: dict[bytes, None] = {}  # insertion-ordered set, bounded by BANNED_LIMIT
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._registered = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.secret:
+            from .worker_auth import WorkerAuthenticator
+
+            # A ZAP handler is per context: a context of our own keeps it to this pool.
+            self._ctx, self._own_ctx = zmq.asyncio.Context(), True
+            keys = derive_keys(self.secret)
+            self.auth = WorkerAuthenticator(self._ctx, keys)
+            self.auth.start()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker may reuse its identity
+        if self.auth is not None:
+            secure_gateway_socket(sock, keys)
+            self.auth.watch(sock)
         sock.bind(self.bind)
         self._sock = sock
         self._tasks = [
@@ -139,9 +265,15 @@ class WorkerPool:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self.auth is not None:
+            await self.auth.stop()
+            self.auth = None
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
+        if self._own_ctx:
+            self._ctx.destroy(linger=0)
+            self._ctx, self._own_ctx = zmq.asyncio.Context.instance(), False
 
     # -- catalogue -------------------------------------------------------------------------------
     def models(self) -> list[Register]:
@@ -194,8 +326,17 @@ class WorkerPool:
         return True
 
     # -- requests --------------------------------------------------------------------------------
-    async def open(self, worker: WorkerHandle, req_id: str, message: Any) -> Channel:
-        channel = Channel(req_id, worker)
+    def limits(self, worker: WorkerHandle, max_output_tokens: int | None = None) -> UsageLimits:
+        """What ``worker`` may report for a request capped at ``max_output_tokens`` (None: its window)."""
+        return UsageLimits.of(worker.info.context_window, max_output_tokens)
+
+    async def open(self, worker: WorkerHandle, req_id: str, message: Any, limits: UsageLimits | None = None) -> Channel:
+        """Send ``message`` to ``worker`` and return the channel its answers arrive on.
+
+        ``limits`` bound the usage the worker may report; by default they follow from the message
+        (a Generate's max_output_tokens, a Compact's) and the worker's context window.
+        """
+        channel = Channel(req_id, worker, limits or UsageLimits.for_message(worker.info, message))
         self.channels[req_id] = channel
         worker.inflight.add(req_id)
         worker.routed += 1
@@ -242,8 +383,10 @@ class WorkerPool:
         worker = self.workers.get(identity)
         if worker is None:
             if isinstance(message, Heartbeat):
-                # A worker we dropped (or that outlived a gateway restart): ask it to register again.
-                await self._send(identity, Registered(ok=False, error="reregister"))
+                # A worker we dropped (or that outlived a gateway restart): ask it to register
+                # again, unless it was dropped for lying.
+                error = BANNED_ERROR if identity in self._banned else "reregister"
+                await self._send(identity, Registered(ok=False, error=error))
             return
         worker.last_seen = time.monotonic()
         if isinstance(message, Heartbeat):
@@ -251,6 +394,13 @@ class WorkerPool:
             return
         if isinstance(message, (Event, Done, Failed, TokenCount, Compacted)):
             channel = self.channels.get(message.req_id)
+            if channel is not None and channel.worker is not worker:
+                channel = None  # only the worker a request was sent to may answer it
+            limits = channel.limits if channel is not None else UsageLimits.for_message(worker.info, None)
+            violation = report_violation(message, limits)
+            if violation is not None:
+                self._drop_liar(identity, worker, type(message).__name__, violation)
+                return
             if channel is not None:
                 channel.put(message)
                 if channel.finished:
@@ -262,6 +412,14 @@ class WorkerPool:
         if message.version != PROTOCOL_VERSION:
             error = f"protocol version {message.version} is not {PROTOCOL_VERSION}"
             log.warning("refused worker %s: %s", message.worker_id, error)
+            await self._send(identity, Registered(ok=False, error=error))
+            return
+        if identity in self._banned:  # warned about when it was dropped
+            await self._send(identity, Registered(ok=False, error=BANNED_ERROR))
+            return
+        error = register_violation(message)
+        if error is not None:
+            log.warning("refused worker %r: %s", identity, error)
             await self._send(identity, Registered(ok=False, error=error))
             return
         old = self.workers.get(identity)
@@ -286,6 +444,23 @@ class WorkerPool:
                     self._fail_inflight(worker, "the worker stopped responding")
             if not self.workers:
                 self._registered.clear()
+
+    def _drop_liar(self, identity: bytes, worker: WorkerHandle, kind: str, violation: str) -> None:
+        """Drop a worker whose report cannot be true, as if it had died, and refuse it from now on.
+
+        Its requests (the one it lied about included) fail with 502; none of them is billed the
+        usage it claimed. The real worker exits on the refusal and its supervisor restarts it.
+        """
+        log.warning("dropped worker %s: its %s is impossible (%s)", worker.info.worker_id, kind, violation)
+        self.workers.pop(identity, None)
+        self._banned[identity] = None
+        while len(self._banned) > BANNED_LIMIT:
+            self._banned.pop(next(iter(self._banned)))
+        self._fail_inflight(worker, "the worker sent an invalid report")
+        if not self.workers:
+            self._registered.clear()
+        # Tell it at once (not at its next heartbeat), from a task: dispatch must not block on it.
+        asyncio.get_running_loop().create_task(self._send(identity, Registered(ok=False, error=BANNED_ERROR)))
 
     def _fail_inflight(self, worker: WorkerHandle, reason: str) -> None:
         for req_id in list(worker.inflight):

@@ -62,6 +62,12 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
         else:
             os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
     gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--hosted-tools", hosted_tools, "--log-level", log_level, *store_args(store_opts)]
+    # Gateway and workers authenticate each other with a secret of their own (by environment, not
+    # argv, where `ps` shows it), unless the user set one, e.g. for workers on other hosts.
+    from kiln.protocol.security import generate_secret, secret_from_env
+
+    if not secret_from_env():
+        os.environ["KILN_WORKER_SECRET"] = generate_secret()
     # Workers share the cores: each gets its share of BLAS threads unless the user chose.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, workers))))
     worker_args = ["--gateway", workers_bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"), "--engine", engine, "--log-level", log_level]

@@ -30,8 +30,16 @@ log = logging.getLogger("kiln.worker")
 @click.option("--scripted-reply", default="Hello from Kiln's scripted engine.", envvar="KILN_SCRIPTED_REPLY", help="Reply text of the scripted engine.")
 @click.option("--scripted-delay", default=0.0, type=float, envvar="KILN_SCRIPTED_DELAY", help="Seconds per token of the scripted engine.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
+@click.option("--worker-secret", default=None, envvar="KILN_WORKER_SECRET", help="The gateway's worker secret (ZeroMQ CURVE); without the right one the gateway never sees this worker.")
+@click.option("--worker-secret-file", default=None, type=click.Path(dir_okay=False), envvar="KILN_WORKER_SECRET_FILE", help="Read --worker-secret from this file, so it never shows in `ps`.")
 def main(**options) -> None:
     """Serve one model to a kiln-gateway."""
+    from kiln.protocol.security import SecretError, load_secret
+
+    try:  # checked before the model loads, which takes a while
+        options["worker_secret"] = load_secret(options["worker_secret"], options.pop("worker_secret_file"))
+    except SecretError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker-secret")
     if options["engine"] == "mlx":
         # Before mlx is imported: on Linux CPUs re-exec with OpenBLAS preloaded (see blas.py).
         from .loading.blas import reexec_with_openblas
@@ -81,4 +89,4 @@ def build_server(options: dict):
     scheduler.start()
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=options["max_output_tokens"])
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
-    return WorkerServer(options["gateway"], service, model_id=model_id, aliases=aliases, context_window=window, capacity=options["max_batch"], queue_depth=options["queue_depth"])
+    return WorkerServer(options["gateway"], service, model_id=model_id, aliases=aliases, context_window=window, capacity=options["max_batch"], queue_depth=options["queue_depth"], secret=options.get("worker_secret"))

@@ -29,6 +29,7 @@ from kiln.protocol import (
     decode,
     encode,
 )
+from kiln.protocol.security import secure_worker_socket
 
 log = logging.getLogger("kiln.worker.server")
 
@@ -61,8 +62,9 @@ class Outbox:
 
 
 class WorkerServer:
-    def __init__(self, gateway: str, service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None) -> None:
+    def __init__(self, gateway: str, service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None, secret: str | None = None) -> None:
         self.gateway = gateway
+        self.secret = secret  # the worker secret: the DEALER becomes a CURVE client (None: plain)
         self.service = service
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
         self.register = Register(
@@ -83,6 +85,7 @@ class WorkerServer:
     def run(self) -> None:
         ctx = zmq.Context.instance()
         dealer = ctx.socket(zmq.DEALER)
+        secure_worker_socket(dealer, self.secret)
         dealer.setsockopt(zmq.IDENTITY, self.worker_id.encode())
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.gateway)

@@ -38,3 +38,24 @@ def test_gateway_refuses_other_protocol_version(scripted_kiln):
         assert isinstance(reply, Registered) and not reply.ok and "version" in reply.error
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("register", [
+    Register("w-bad", "bad-model", [], -1, 1, 1),
+    Register("w-bad", "bad-model", [], 1 << 40, 1, 1),
+    Register("w-bad", "", [], 2048, 1, 1),
+    Register("w-bad", "bad-model", "not-a-list", 2048, 1, 1),
+    Register("w-bad", "bad-model", [], 2048, 0, 1),
+], ids=["negative-window", "huge-window", "no-model", "aliases", "no-capacity"])
+def test_gateway_refuses_a_register_no_worker_can_send(scripted_kiln, register):
+    """The context window bounds the usage a worker may report, so it is checked like usage is."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(scripted_kiln.zmq)
+    try:
+        sock.send(encode(register))
+        reply = decode(sock.recv())
+        assert isinstance(reply, Registered) and not reply.ok and reply.error != "reregister"
+    finally:
+        sock.close()
