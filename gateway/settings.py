@@ -41,4 +41,10 @@ class Settings:
     admin_token: str | None = None
     allow_public_no_auth: bool = False
     auth_cache_ttl: float = 2.0
+    # The HTTP edge (gateway/edge.py): body deadline, concurrent-request cap, Host and Origin rules.
+    body_timeout_s: float = 30.0
+    max_connections: int = 1024
+    keep_alive_timeout_s: float = 75.0
+    allowed_hosts: tuple[str, ...] | None = None  # None: loopback names on a loopback bind, else any
+    cors_origins: tuple[str, ...] | None = None
     extra: dict = field(default_factory=dict)
