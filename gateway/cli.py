@@ -61,6 +61,7 @@ def edge_options(func):
     """The HTTP edge flags (gateway/edge.py; docs/configuration.md)."""
     for option in reversed([
         click.option("--body-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), envvar="KILN_BODY_TIMEOUT", help="Seconds a request body may take to arrive; slower ones get 408 and the connection is closed. 0: no bound."),
+        click.option("--body-buffer-bytes", default=256 << 20, show_default=True, type=click.IntRange(min=0), envvar="KILN_BODY_BUFFER_BYTES", help="Bytes of request bodies still arriving, over all requests; a chunk past it gets 503 with Retry-After. 0: no bound."),
         click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(min=0), envvar="KILN_MAX_CONNECTIONS", help="HTTP requests served at once (streams included); beyond it, 503 with Retry-After. 0: no cap."),
         click.option("--keep-alive-timeout", default=75.0, show_default=True, type=click.FloatRange(min=0, min_open=True), envvar="KILN_KEEP_ALIVE_TIMEOUT", help="Seconds an idle connection stays open, and the most a client may take to send its request headers."),
         click.option("--allowed-hosts", default=None, envvar="KILN_ALLOWED_HOSTS", help="Comma list of Host names accepted besides loopback ones (* = any). Default: loopback names only when listening on loopback with --auth none, else any."),
@@ -76,6 +77,7 @@ def edge_settings(options: dict) -> dict:
 
     return {
         "body_timeout_s": options.pop("body_timeout"),
+        "body_buffer_bytes": options.pop("body_buffer_bytes"),
         "max_connections": options.pop("max_connections"),
         "keep_alive_timeout_s": options.pop("keep_alive_timeout"),
         "allowed_hosts": split_list(options.pop("allowed_hosts")),

@@ -20,7 +20,10 @@ and must cost the gateway nothing when they refuse:
    read; at most ``--max-connections`` requests are served at once (beyond: 503 + Retry-After at
    once, no queue); a body must finish arriving within ``--body-timeout`` seconds of the request's
    start (else 408 ``request_timeout`` and the connection is closed). The body bound wraps
-   ``receive``, so it holds whoever reads the body (a route or the accounts middleware).
+   ``receive``, so it holds whoever reads the body (a route or the accounts middleware). And the
+   bytes of bodies still arriving, summed over all requests, stay under ``--body-buffer-bytes``: a
+   chunk past it gets 503 + Retry-After, so many clients that send most of a large body and stall
+   cannot make the gateway hold gigabytes until their deadlines.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class EdgePolicy:
     max_body_bytes: int
     max_connections: int  # 0: no cap
     body_timeout_s: float  # 0: no bound
+    body_buffer_bytes: int  # 0: no bound
 
     @classmethod
     def from_settings(cls, settings: Any) -> "EdgePolicy":
@@ -135,6 +139,7 @@ class EdgePolicy:
             max_body_bytes=settings.max_body_bytes,
             max_connections=getattr(settings, "max_connections", 0) or 0,
             body_timeout_s=getattr(settings, "body_timeout_s", 0.0) or 0.0,
+            body_buffer_bytes=getattr(settings, "body_buffer_bytes", 0) or 0,
         )
 
     def host_allowed(self, host: str | None, path: str) -> bool:
@@ -159,6 +164,18 @@ class EdgePolicy:
         if normalized is not None and is_loopback_name(urlsplit(normalized).hostname or ""):
             return True
         return self.cors_allowed(origin)
+
+
+class _Budget:
+    """Bytes of request bodies received but not yet complete, over all requests in flight."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+def _busy(message: str) -> ApiError:
+    return ApiError(503, message, code="server_is_overloaded", headers={"Retry-After": "1", "Connection": "close"})
 
 
 class BodyTimeout(ApiError):
@@ -189,32 +206,74 @@ def _is_json(content_type: str) -> bool:
 
 
 class _Exchange:
-    """One request's ``receive`` with the body deadline, and ``send`` with the CORS headers."""
+    """One request's ``receive`` with the body deadline and buffer budget, and ``send`` with the
+    CORS headers. ``failure`` is the error ``receive`` raised, answered by whoever reads the body
+    (a route's ApiError handler, the accounts middleware) or else by the edge itself."""
 
-    def __init__(self, receive: Receive, send: Send, timeout_s: float, cors_origin: str | None) -> None:
+    def __init__(self, receive: Receive, send: Send, timeout_s: float, budget: _Budget, cors_origin: str | None) -> None:
         self._receive = receive
         self._send = send
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        self._budget = budget
+        self._held = 0
         self._cors_origin = cors_origin
-        self.body_done = self._deadline is None
-        self.timed_out = False
+        self.body_done = False
+        self.failure: ApiError | None = None
         self.started = False
+        self._drainer: asyncio.Task | None = None
 
     async def receive(self) -> Message:
         if self.body_done:
             return await self._receive()
-        remaining = self._deadline - time.monotonic()
-        try:
-            if remaining <= 0:
-                raise asyncio.TimeoutError
-            message = await asyncio.wait_for(self._receive(), remaining)
-        except asyncio.TimeoutError:
-            self.timed_out = True
-            raise BodyTimeout(self._timeout_s) from None
+        if self._deadline is None:
+            message = await self._receive()
+        else:
+            remaining = self._deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(self._receive(), remaining)
+            except asyncio.TimeoutError:
+                self.release()
+                self.failure = BodyTimeout(self._timeout_s)
+                raise self.failure from None
         if message["type"] != "http.request" or not message.get("more_body", False):
             self.body_done = True
+            self.release()
+        elif self._budget.limit:
+            size = len(message.get("body", b""))
+            if self._budget.used + size > self._budget.limit:
+                self.release()
+                self.failure = _busy("The server is receiving too many large request bodies at once; retry shortly.")
+                raise self.failure
+            self._budget.used += size
+            self._held += size
         return message
+
+    async def drain(self) -> None:
+        """Discard what is left of a body the answer did not need, until the body deadline.
+
+        Hypercorn queues a few body chunks for the app and, once its queue is full, stops reading
+        the socket; after an early answer (403, 413, 415, 503) nobody empties that queue, and the
+        connection would then stay open for as long as the client cares to keep it. Reading the
+        rest (concurrently with the final send, which is where Hypercorn blocks) lets it close as
+        soon as the client has sent its body."""
+        while not self.body_done and self._deadline is not None:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(self._receive(), remaining)
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                self.body_done = True
+
+    def release(self) -> None:
+        """Give this request's share of the body budget back (idempotent)."""
+        self._budget.used -= self._held
+        self._held = 0
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -222,10 +281,21 @@ class _Exchange:
             headers = list(message.get("headers", []))
             if self._cors_origin is not None:
                 headers += _cors_response_headers(self._cors_origin)
-            if self.timed_out and not any(k.lower() == b"connection" for k, _ in headers):
+            if self.failure is not None and not any(k.lower() == b"connection" for k, _ in headers):
                 headers.append((b"connection", b"close"))
             message = {**message, "headers": headers}
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            if not self.body_done and self._drainer is None and not isinstance(self.failure, BodyTimeout):
+                self.release()
+                self._drainer = asyncio.ensure_future(self.drain())
         await self._send(message)
+
+    async def finish(self) -> None:
+        """The request is over: stop draining and give the body budget back."""
+        if self._drainer is not None:
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
+        self.release()
 
 
 def _cors_response_headers(origin: str) -> list[tuple[bytes, bytes]]:
@@ -243,6 +313,7 @@ class EdgeMiddleware:
         self.app = app
         self.policy = EdgePolicy.from_settings(settings)
         self.in_flight = 0
+        self.body_budget = _Budget(self.policy.body_buffer_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -254,31 +325,33 @@ class EdgeMiddleware:
         method = scope.get("method", "GET").upper()
         origin = headers.get("origin")
         cors_origin = origin if policy.cors_allowed(origin) else None
-        exchange = _Exchange(receive, send, policy.body_timeout_s, cors_origin)
+        exchange = _Exchange(receive, send, policy.body_timeout_s, self.body_budget, cors_origin)
 
         refusal = self._refusal(scope, headers, path, method, origin)
         if refusal is not None:
             await self._reply(refusal, scope, receive, exchange.send)
+            await exchange.finish()
             return
         if method == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
             await self._preflight(scope, receive, exchange.send, headers, cors_origin)
             return
         counted = path != OPEN_PATH and policy.max_connections > 0
         if counted and self.in_flight >= policy.max_connections:
-            busy = ApiError(503, "The server is at its limit of concurrent requests; retry shortly.", code="server_is_overloaded", headers={"Retry-After": "1"})
-            await self._reply(busy, scope, receive, exchange.send)
+            await self._reply(_busy("The server is at its limit of concurrent requests; retry shortly."), scope, receive, exchange.send)
+            await exchange.finish()
             return
         if counted:
             self.in_flight += 1
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except Exception:
-            if not exchange.timed_out:
+            if exchange.failure is None:
                 raise
-            # The body deadline fired inside a reader that let it through: answer it here.
+            # The body deadline or budget fired inside a reader that let it through: answer here.
             if not exchange.started:
-                await self._reply(BodyTimeout(policy.body_timeout_s), scope, receive, exchange.send)
+                await self._reply(exchange.failure, scope, receive, exchange.send)
         finally:
+            await exchange.finish()
             if counted:
                 self.in_flight -= 1
 

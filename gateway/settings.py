@@ -43,6 +43,7 @@ class Settings:
     auth_cache_ttl: float = 2.0
     # The HTTP edge (gateway/edge.py): body deadline, concurrent-request cap, Host and Origin rules.
     body_timeout_s: float = 30.0
+    body_buffer_bytes: int = 256 << 20  # bytes of bodies still arriving, over all requests
     max_connections: int = 1024
     keep_alive_timeout_s: float = 75.0
     allowed_hosts: tuple[str, ...] | None = None  # None: loopback names on a loopback bind, else any

@@ -256,3 +256,31 @@ def test_host_name(value, name):
 @pytest.mark.parametrize("value,origin", [("https://App.example/", "https://app.example"), ("http://localhost:3000", "http://localhost:3000"), ("null", None), ("file://", None)])
 def test_normalize_origin(value, origin):
     assert normalize_origin(value) == origin
+
+
+def test_bodies_past_the_buffer_budget_get_503_and_the_budget_comes_back():
+    async def raw_reader(scope, receive, send) -> None:
+        while True:
+            message = await receive()
+            if not message.get("more_body"):
+                break
+
+    edge = EdgeMiddleware(raw_reader, Settings(body_timeout_s=1, body_buffer_bytes=1000))
+    headers = {"host": "localhost", "content-type": "application/json", "content-length": "5000"}
+
+    async def scenario():
+        first = asyncio.create_task(_call(edge, "POST", "/v1/responses", headers, [b"x" * 600]))
+
+        async def holding() -> None:
+            while edge.body_budget.used < 600:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(holding(), WAIT)
+        second = await _call(edge, "POST", "/v1/responses", headers, [b"x" * 600])
+        return await first, second
+
+    first, second = asyncio.run(scenario())
+    assert first[0] == 408  # the stalled holder still meets its deadline
+    assert second[0] == 503 and second[1]["retry-after"]
+    assert json.loads(second[2])["error"]["code"] == "server_is_overloaded"
+    assert edge.body_budget.used == 0
