@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from .accounts.middleware import AccountsMiddleware
 from .accounts.service import Accounts
+from .edge import EdgeMiddleware
 from .errors import ApiError
 from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from .request_log import install_request_log
@@ -103,7 +104,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     metrics = Metrics(pool)
     app = Starlette(
         routes=(hosted_routes(accounts) if accounts is not None else []) + _routes(),
-        middleware=[Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
+        middleware=[Middleware(EdgeMiddleware, settings=settings), Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
     )

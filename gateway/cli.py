@@ -57,6 +57,34 @@ def hosted_settings(host: str, options: dict) -> dict:
     return values
 
 
+def edge_options(func):
+    """The HTTP edge flags (gateway/edge.py; docs/configuration.md)."""
+    for option in reversed([
+        click.option("--body-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), envvar="KILN_BODY_TIMEOUT", help="Seconds a request body may take to arrive; slower ones get 408 and the connection is closed. 0: no bound."),
+        click.option("--body-buffer-bytes", default=256 << 20, show_default=True, type=click.IntRange(min=0), envvar="KILN_BODY_BUFFER_BYTES", help="Bytes of request bodies still arriving, over all requests; a chunk past it gets 503 with Retry-After. 0: no bound."),
+        click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(min=0), envvar="KILN_MAX_CONNECTIONS", help="HTTP requests served at once (streams included); beyond it, 503 with Retry-After. 0: no cap."),
+        click.option("--keep-alive-timeout", default=75.0, show_default=True, type=click.FloatRange(min=0, min_open=True), envvar="KILN_KEEP_ALIVE_TIMEOUT", help="Seconds an idle connection stays open, and the most a client may take to send its request headers."),
+        click.option("--allowed-hosts", default=None, envvar="KILN_ALLOWED_HOSTS", help="Comma list of Host names accepted besides loopback ones (* = any). Default: loopback names only when listening on loopback with --auth none, else any."),
+        click.option("--cors-origins", default=None, envvar="KILN_CORS_ORIGINS", help="Comma list of web origins (https://app.example) allowed to call the API from a browser (* = any)."),
+    ]):
+        func = option(func)
+    return func
+
+
+def edge_settings(options: dict) -> dict:
+    """Pop the edge options out of a click options dict, as Settings keyword arguments."""
+    from .edge import split_list
+
+    return {
+        "body_timeout_s": options.pop("body_timeout"),
+        "body_buffer_bytes": options.pop("body_buffer_bytes"),
+        "max_connections": options.pop("max_connections"),
+        "keep_alive_timeout_s": options.pop("keep_alive_timeout"),
+        "allowed_hosts": split_list(options.pop("allowed_hosts")),
+        "cors_origins": split_list(options.pop("cors_origins")),
+    }
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="KILN_HOST", help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, envvar="KILN_PORT", help="HTTP port.")
@@ -74,6 +102,7 @@ def hosted_settings(host: str, options: dict) -> dict:
 @hosted_options
 @click.option("--worker-secret", default=None, envvar="KILN_WORKER_SECRET", help="Shared secret workers must hold to connect (ZeroMQ CURVE, encrypted). Required for a --workers-bind other hosts can reach.")
 @click.option("--worker-secret-file", default=None, type=click.Path(dir_okay=False), envvar="KILN_WORKER_SECRET_FILE", help="Read --worker-secret from this file, so it never shows in `ps`.")
+@edge_options
 def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat_timeout: float, hosted_tools: str, log_level: str, **options) -> None:
     """Serve the OpenAI Responses API and route requests to kiln-worker processes."""
     configure(log_level)
@@ -84,6 +113,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
     timeouts = {"first_event_timeout_s": options.pop("first_event_timeout"), "event_timeout_s": options.pop("event_timeout")}
     hosted = hosted_settings(host, options)
     worker_secret = worker_secret_setting(workers_bind, options.pop("worker_secret"), options.pop("worker_secret_file"))
+    edge = edge_settings(options)
     settings = Settings(
         host=host,
         port=port,
@@ -96,6 +126,7 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
         **stores,
         **hosted,
         worker_secret=worker_secret,
+        **edge,
     )
     serve(settings)
 
@@ -128,7 +159,15 @@ def serve(settings: Settings) -> None:
     config.accesslog = None
     config.errorlog = "-"
     config.loglevel = "WARNING"
-    config.keep_alive_timeout = 75
+    # Hypercorn's own bounds, for what happens before a request reaches the app: the idle timer
+    # runs from accept until a request's headers are complete and between keep-alive requests, so
+    # it also closes half-open and header-dribbling connections; headers past 16 KiB get 400.
+    # read_timeout stays off: it would also cut long streams whose client is silent by design.
+    # Bodies are bounded by the edge middleware (--body-timeout) instead.
+    config.keep_alive_timeout = settings.keep_alive_timeout_s
+    config.h11_max_incomplete_size = 16 * 1024
+    config.h2_max_concurrent_streams = 100
+    config.backlog = 1024
     app = create_app(settings)
 
     async def run() -> None:

@@ -49,4 +49,11 @@ class Settings:
     # Shared secret workers must hold to connect (ZeroMQ CURVE; docs/protocol.md). None: plain
     # ZeroMQ, allowed only on loopback or ipc:// addresses.
     worker_secret: str | None = None
+    # The HTTP edge (gateway/edge.py): body deadline, concurrent-request cap, Host and Origin rules.
+    body_timeout_s: float = 30.0
+    body_buffer_bytes: int = 256 << 20  # bytes of bodies still arriving, over all requests
+    max_connections: int = 1024
+    keep_alive_timeout_s: float = 75.0
+    allowed_hosts: tuple[str, ...] | None = None  # None: loopback names on a loopback bind, else any
+    cors_origins: tuple[str, ...] | None = None
     extra: dict = field(default_factory=dict)
