@@ -95,7 +95,7 @@ def parse_json_bytes(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     try:
         value = json.loads(text, **hooks)
     except _Refused as refused:
-        raise invalid(refused.message) from None
+        raise invalid(refused.message, param=_where_refused(text) or None) from None
     except json.JSONDecodeError as exc:
         raise invalid(f"We could not parse the JSON body of your request (line {exc.lineno}, column {exc.colno}).") from None
     except (ValueError, RecursionError):
@@ -174,21 +174,60 @@ def _checked_float(digits: str) -> float:
     return value
 
 
+class _Marker:
+    """Stands in for a refused number in the second parse that locates it."""
+
+
+def _mark_int(digits: str) -> Any:
+    try:
+        return _checked_int(digits)
+    except _Refused:
+        return _Marker()
+
+
+def _mark_float(digits: str) -> Any:
+    try:
+        return _checked_float(digits)
+    except _Refused:
+        return _Marker()
+
+
+def _where_refused(text: str) -> str | None:
+    """The param of the first refused number: parsed again (only on this error path) with
+    markers in place of refusals, then found by a walk."""
+    try:
+        marked = json.loads(text, parse_constant=lambda _: _Marker(), parse_int=_mark_int, parse_float=_mark_float)
+    except ValueError:
+        return None
+    return _find(marked, lambda node: isinstance(node, _Marker))
+
+
 def _refuse_lone_surrogates(value: Any) -> None:
-    """Walk the parsed body (depth already bounded) for a string or key with an unpaired surrogate."""
+    """Find the string or key with an unpaired surrogate, to name it."""
+    hit = _find(value, lambda node: isinstance(node, str) and _has_lone_surrogate(node))
+    where = f" in '{hit}'" if hit else ""
+    raise invalid(f"The request body contains an unpaired UTF-16 surrogate escape{where}; strings must be valid Unicode.", param=hit or None)
+
+
+def _find(value: Any, bad: Any) -> str | None:
+    """The dotted path (``input[0].content``) of the first node for which ``bad`` holds; keys
+    are tested too (a bad key names the object holding it). Iterative: depth is bounded already,
+    but a walk must not depend on it. "" is the body itself; None when nothing is bad."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         node, path = stack.pop()
+        if bad(node):
+            return path
         if isinstance(node, dict):
+            items = []
             for key, item in node.items():
-                where = f"{path}.{key}" if path else str(key)
-                if _has_lone_surrogate(key):
-                    raise _surrogate_error(path or None)
-                stack.append((item, where))
+                if bad(key):
+                    return path
+                items.append((item, f"{path}.{key}" if path else str(key)))
+            stack.extend(reversed(items))
         elif isinstance(node, list):
-            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node))
-        elif isinstance(node, str) and _has_lone_surrogate(node):
-            raise _surrogate_error(path or None)
+            stack.extend(reversed([(item, f"{path}[{i}]") for i, item in enumerate(node)]))
+    return None
 
 
 def _has_lone_surrogate(text: str) -> bool:
@@ -197,11 +236,6 @@ def _has_lone_surrogate(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
-
-
-def _surrogate_error(param: str | None) -> ApiError:
-    where = f" in '{param}'" if param else ""
-    return invalid(f"The request body contains an unpaired UTF-16 surrogate escape{where}; strings must be valid Unicode.", param=param)
 
 
 def _too_large(max_bytes: int) -> ApiError:

@@ -10,9 +10,11 @@ Bounds: a schema larger than ``MAX_SCHEMA_BYTES`` serialized or nesting deeper t
 ``MAX_SCHEMA_DEPTH`` objects/arrays is refused before any parsing work, and grammar validation
 runs under llguidance's fuel limits and a wall-clock bound, so a hostile schema cannot stall the
 request path. The depth bound is what keeps jsonschema's metaschema validation (recursive, several
-Python frames per level) far from the interpreter's recursion limit: it fails near 240 levels, and
-real schemas nest about a dozen. Request bodies are already bounded at 64 levels when parsed
-(kiln.gateway.body); this bound also covers callers that build schemas in code.
+Python frames per level) far from the interpreter's recursion limit: it fails near 240 levels.
+Real schemas nest about a dozen levels (OpenAI allows 10 levels of objects, ~20 here, as each
+object level is a schema plus its ``properties``); 40 is twice that. It sits below the 64 levels
+that request bodies are bounded at when parsed (kiln.gateway.body), so a too-deep tool or format
+schema is refused naming its parameter; the bound also covers schemas built in code.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from referencing.jsonschema import DRAFT202012
 from kiln.gateway.errors import ApiError, invalid
 
 MAX_SCHEMA_BYTES = 256 * 1024
-MAX_SCHEMA_DEPTH = 64
+MAX_SCHEMA_DEPTH = 40
 COMPILE_TIMEOUT_S = 2.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ROOT_URI = "urn:kiln:schema"
