@@ -8,6 +8,7 @@ pool (tests/gateway/inprocess.py), local and hosted (``--auth keys``) mode.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -326,4 +327,27 @@ async def test_hosted_create_refuses_the_same_bodies(hosted, fields, param):
     assert r.status_code == 400, r.text
     assert_error(r.json())
     assert r.json()["error"]["param"] == param
+    assert pool.leaked() == []
+
+
+# -- real bodies still pass ------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+async def test_codex_capture_and_every_data_schema_still_pass():
+    """The bounds leave room for real traffic: Codex's captured request, and each of the 50 data
+    schemas as ``text.format`` and as a tool's ``parameters``."""
+    app, pool = local_app(hosted_tools="drop")
+    async with client_for(app) as client:
+        codex = dict(json.loads((DATA / "codex-0.169-request.json").read_text())["body"], model=MODEL)
+        r = await bounded(client.post("/v1/responses", json=codex))
+        assert r.status_code == 200, r.text
+        for path in sorted((DATA / "schemas").glob("*.json")):
+            case = json.loads(path.read_text())
+            fmt = {"format": {"type": "json_schema", "name": case["name"], "schema": case["schema"], "strict": True}}
+            tool = {"type": "function", "name": case["name"], "parameters": case["schema"]}
+            for fields in ({"text": fmt}, {"tools": [tool]}):
+                r = await bounded(client.post("/v1/responses", json=_body(**fields)))
+                assert r.status_code == 200, (path.name, r.text)
     assert pool.leaked() == []
