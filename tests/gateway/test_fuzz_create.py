@@ -108,6 +108,9 @@ _VALID_ISH: dict[str, st.SearchStrategy[str]] = {
 }
 FIELDS = sorted(_VALID_ISH)
 
+# Hostile bodies are large by design; hypothesis warns when it prints one.
+pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
+
 
 @st.composite
 def create_bodies(draw) -> bytes:
