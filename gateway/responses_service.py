@@ -25,6 +25,7 @@ from .store.conversations import ConversationStore
 from .store.lru import approx_bytes
 from .store.reasoning_echo import ReasoningEchoStore
 from .store.responses import ResponseStore, StoredResponse
+from .validation import check_for_model
 from .workers import NoWorker, WorkerPool, routing_key
 
 log = logging.getLogger("kiln.gateway.responses")
@@ -79,6 +80,7 @@ class ResponsesService:
         if model is None:
             raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
         body["model"] = model
+        check_for_model(body, self.pool.context_window(model))
         if body["background"]:
             self._check_background_allowed()
         own_input = _with_ids(self.unseal_items(body["input"]))

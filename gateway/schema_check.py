@@ -6,9 +6,15 @@ grammar compiler the worker uses (llguidance), but only its tokenizer-free half:
 schema into a grammar and validating that grammar. That half does not need mlx, so the gateway
 stays free of it.
 
-Bounds: a schema larger than ``MAX_SCHEMA_BYTES`` serialized is refused before any parsing
-work, and grammar validation runs under llguidance's fuel limits and a wall-clock bound, so a
-hostile schema cannot stall the request path.
+Bounds: a schema larger than ``MAX_SCHEMA_BYTES`` serialized or nesting deeper than
+``MAX_SCHEMA_DEPTH`` objects/arrays is refused before any parsing work, and grammar validation
+runs under llguidance's fuel limits and a wall-clock bound, so a hostile schema cannot stall the
+request path. The depth bound is what keeps jsonschema's metaschema validation (recursive, several
+Python frames per level) far from the interpreter's recursion limit: it fails near 240 levels.
+Real schemas nest about a dozen levels (OpenAI allows 10 levels of objects, ~20 here, as each
+object level is a schema plus its ``properties``); 40 is twice that. It sits below the 64 levels
+that request bodies are bounded at when parsed (kiln.gateway.body), so a too-deep tool or format
+schema is refused naming its parameter; the bound also covers schemas built in code.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from referencing.jsonschema import DRAFT202012
 from kiln.gateway.errors import ApiError, invalid
 
 MAX_SCHEMA_BYTES = 256 * 1024
+MAX_SCHEMA_DEPTH = 40
 COMPILE_TIMEOUT_S = 2.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ROOT_URI = "urn:kiln:schema"
@@ -94,10 +101,12 @@ def check_json_schema(schema: Any, *, param: str) -> None:
     """
     if not isinstance(schema, dict):
         raise invalid(f"'{param}' must be a JSON schema object, got {_kind(schema)}.", param=param)
+    if _nests_deeper_than(schema, MAX_SCHEMA_DEPTH):
+        raise invalid(f"'{param}' nests objects and arrays deeper than {MAX_SCHEMA_DEPTH} levels.", param=param)
     try:
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise invalid(f"'{param}' is not serializable JSON: {exc}.", param=param) from None
+    except (TypeError, ValueError):
+        raise invalid(f"'{param}' is not serializable JSON.", param=param) from None
     size = len(text.encode("utf-8"))
     if size > MAX_SCHEMA_BYTES:
         raise invalid(
@@ -120,10 +129,26 @@ def _check_metaschema(schema: dict, param: str) -> None:
     """Validate against the Draft 2020-12 metaschema; name the failing keyword's location."""
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
+    except RecursionError:  # unreachable within MAX_SCHEMA_DEPTH; a 400 all the same
+        raise invalid(f"'{param}' nests too deeply to be validated.", param=param) from None
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         at = f" at '{where}'" if where else ""
         raise invalid(f"'{param}' is not a valid JSON Schema (Draft 2020-12){at}: {exc.message}", param=param) from None
+
+
+def _nests_deeper_than(node: Any, limit: int) -> bool:
+    """Whether ``node`` nests dicts/lists more than ``limit`` deep; iterative, so any depth is safe."""
+    stack: list[tuple[Any, int]] = [(node, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, (dict, list)))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list)))
+    return False
 
 
 def _check_refs(schema: dict, param: str) -> None:
@@ -202,4 +227,4 @@ def _kind(value: Any) -> str:
     )
 
 
-__all__ = ["check_text_format", "check_json_schema", "grammar_limits", "MAX_SCHEMA_BYTES"]
+__all__ = ["check_text_format", "check_json_schema", "grammar_limits", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH"]

@@ -32,6 +32,9 @@ HOSTED_TOOL_TYPES = frozenset(
     }
 )
 MAX_TOOLS = 128
+INT64_MAX = (1 << 63) - 1
+# The seed reaches the worker's PRNG, which takes an unsigned 64-bit key; we keep it signed-safe.
+SEED_MAX = INT64_MAX
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 INPUT_ITEM_TYPES = frozenset(
     {
@@ -74,6 +77,36 @@ def _number_in(body: dict, key: str, low: float, high: float) -> None:
             f"Invalid '{key}': {value} is out of range; expected a value from {low} to {high}.",
             param=key,
         )
+
+
+def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | None:
+    """An optional integer field (never a boolean or a float) within ``low``..``high``."""
+    value = _expect(body, key, (int,), "an integer")
+    if value is None:
+        return None
+    if value < low:
+        raise invalid(
+            f"Invalid '{key}': integer below minimum value. Expected a value >= {low}, but got {value} instead.",
+            param=key,
+            code="integer_below_min_value",
+        )
+    if high is not None and value > high:
+        raise invalid(
+            f"Invalid '{key}': integer above maximum value. Expected a value <= {high}, but got {value} instead.",
+            param=key,
+            code="integer_above_max_value",
+        )
+    return value
+
+
+def check_for_model(body: dict, context_window: int | None) -> None:
+    """The checks that need the model: ``max_output_tokens`` must fit its context window.
+
+    Called once the model is resolved (``ResponsesService.prepare``); ``None`` or 0 means the
+    worker did not say, and the worker's own clamp applies.
+    """
+    if context_window:
+        _int_in(body, "max_output_tokens", 1, context_window)
 
 
 def parse_bool(value: Any, key: str) -> bool:
@@ -244,9 +277,10 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
         raise invalid("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
     _expect(body, "model", (str,), "a string")
     _expect(body, "instructions", (str,), "a string")
-    max_tokens = _expect(body, "max_output_tokens", (int,), "an integer")
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid(f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 1, but got {max_tokens} instead.", param="max_output_tokens", code="integer_below_min_value")
+    # OpenAI's minimum is 16; Kiln keeps 1, which clients use for cheap probes (and tests rely on).
+    _int_in(body, "max_output_tokens", 1)
+    _int_in(body, "seed", 0, SEED_MAX)
+    _int_in(body, "max_tool_calls", 1)
     _number_in(body, "temperature", 0, 2)
     _number_in(body, "top_p", 0, 1)
     top_logprobs = _expect(body, "top_logprobs", (int,), "an integer")

@@ -6,17 +6,22 @@
 - ``GET /v1/models`` and ``GET /v1/models/{id}`` when a catalog is loaded: the catalog's models with
   their prices (USD per million tokens) and whether a worker serves them now.
 - ``GET|POST /admin/maintenance``: the maintenance switch, guarded by ``--admin-token``; while on,
-  every API route answers 503 with ``Retry-After``.
+  every API route answers 503 with ``Retry-After`` (1 to 86400 seconds).
+
+Every query value is range-checked here, so that no value reaches the database layer (or
+``datetime``) out of range: times from 0 to the end of year 9999, ``limit`` 1 to ``MAX_PAGE``.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..accounts.metering import MAX_PAGE
 from ..accounts.middleware import PRINCIPAL_SCOPE_KEY
 from ..body import read_json
 from ..errors import ApiError, invalid
@@ -33,24 +38,34 @@ def _principal(request: Request):
     return principal
 
 
-def _int_param(request: Request, name: str, default: int | None = None) -> int | None:
+# 9999-12-31T23:59:59Z, the last second a datetime can hold.
+MAX_TIMESTAMP = 253_402_300_799
+MAX_RETRY_AFTER = 86_400
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
+
+
+def _int_param(request: Request, name: str, low: int, high: int, default: int | None = None) -> int | None:
+    """An optional integer query parameter within ``low``..``high`` (400 otherwise)."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise invalid(f"'{name}' must be an integer, got {raw!r}.", param=name)
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    if not _INTEGER.fullmatch(raw):  # also keeps 5,000-digit strings away from int()
+        raise invalid(f"'{name}' must be an integer, got {shown!r}.", param=name)
+    value = int(raw)
+    if not low <= value <= high:
+        raise invalid(f"'{name}' must be an integer from {low} to {high}, got {shown}.", param=name)
+    return value
 
 
 async def get_usage(request: Request) -> Response:
     principal = _principal(request)
     page = await _accounts(request).meter.list_usage(
         principal.org_id,
-        after_ts=_int_param(request, "start_time"),
-        before_ts=_int_param(request, "end_time"),
+        after_ts=_int_param(request, "start_time", 0, MAX_TIMESTAMP),
+        before_ts=_int_param(request, "end_time", 0, MAX_TIMESTAMP),
         model=request.query_params.get("model") or None,
-        limit=_int_param(request, "limit", 100),
+        limit=_int_param(request, "limit", 1, MAX_PAGE, 100),
         after_id=request.query_params.get("after") or None,
     )
     return JSONResponse(page.to_json())
@@ -105,8 +120,8 @@ async def maintenance(request: Request) -> Response:
         if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
             raise invalid("Expected {\"on\": true|false, \"retry_after\": seconds}.", param="on")
         retry_after = body.get("retry_after", accounts.maintenance_retry_after)
-        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
-            raise invalid("'retry_after' must be a positive integer number of seconds.", param="retry_after")
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or not 1 <= retry_after <= MAX_RETRY_AFTER:
+            raise invalid(f"'retry_after' must be an integer number of seconds from 1 to {MAX_RETRY_AFTER}.", param="retry_after")
         accounts.maintenance = body["on"]
         accounts.maintenance_retry_after = retry_after
     return JSONResponse(_maintenance_state(accounts))
