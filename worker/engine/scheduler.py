@@ -325,6 +325,7 @@ class Scheduler:
                 self._prefills.remove(head)
                 self._join([head], cache, own_cache=True)
                 return
+            mx.clear_cache()  # between chunks of a long prompt
 
     def _begin(self, p: Prefill) -> bool:
         """Set up one queued prefill (prefix lookup, its sampler) once; a failure fails it alone."""
