@@ -111,10 +111,16 @@ class Event:
     chose. The gateway adds the envelope events, sequence numbers and the Response object.
     One message carries what one token produced (often several events: an item opening and
     its first delta), so the per-message cost is paid once per token, not once per event.
+
+    ``usage`` is the request's running usage after the token(s) this message carries, shaped like
+    ``Done.usage`` (input_tokens, input_tokens_details.cached_tokens, output_tokens,
+    output_tokens_details.reasoning_tokens): what Done would report had the request ended here, so
+    the gateway can meter a stream that is cut off. Optional: older workers leave it out.
     """
 
     req_id: str
     events: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ keeps heartbeating (the gateway's deadlines must end it). Real-model tests cover
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -18,6 +19,8 @@ from typing import Any
 from .engine.types import EngineRequest, QueueFull, Step
 
 EOS = 256
+
+log = logging.getLogger("kiln.worker.scripted")
 
 
 class ByteTokenizer:
@@ -93,7 +96,15 @@ class ScriptedScheduler:
             if self.delay_s:
                 time.sleep(self.delay_s)
             for handle, (request, produced) in list(self._active.items()):
-                self._advance(handle, request, produced)
+                try:
+                    self._advance(handle, request, produced)
+                except Exception:  # a callback's bug ends its own request, as in the real scheduler
+                    log.exception("on_step callback failed")
+                    self._active.pop(handle, None)
+                    try:
+                        request.on_step(Step(None, None, None, "error", error="on_step failed"))
+                    except Exception:
+                        pass
 
     def _advance(self, handle: int, request: EngineRequest, produced: int) -> None:
         with self._lock:

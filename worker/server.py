@@ -1,8 +1,10 @@
 """The worker's ZeroMQ loop: register, heartbeat, and shuttle messages to the service.
 
-Threads: this I/O loop owns the DEALER socket. The scheduler thread produces events; since ZeroMQ
-sockets are single-threaded, every other thread sends through its own PUSH socket to an inproc
-PULL that this loop polls alongside the DEALER, so events go out the moment they exist.
+Threads: this I/O loop owns the DEALER socket and does nothing slow, so heartbeats never wait
+on work (the service queues rendering and tokenizing on its preparation threads). The scheduler
+and preparation threads produce events; since ZeroMQ sockets are single-threaded, every other
+thread sends through its own PUSH socket to an inproc PULL that this loop polls alongside the
+DEALER, so events go out the moment they exist.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kiln.protocol import (
     Cancel,
     Compact,
     CountTokens,
+    Failed,
     Generate,
     Heartbeat,
     ProtocolError,
@@ -122,6 +125,7 @@ class WorkerServer:
                             raise SystemExit(f"gateway refused this worker: {message.error}")
                     else:
                         self._handle(message, outbox.send)
+                    message = None  # a big request body must not outlive its handling
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT_INTERVAL_S
@@ -135,6 +139,17 @@ class WorkerServer:
             dealer.close(0)
 
     def _handle(self, message: Any, emit: Any) -> None:
+        """Pass one message to the service, which only queues work, so this returns at once.
+        A failure here fails that request; the loop (and so the heartbeat) carries on."""
+        try:
+            self._dispatch(message, emit)
+        except Exception:
+            log.exception("could not handle %s", type(message).__name__)
+            req_id = getattr(message, "req_id", None)
+            if req_id is not None and not isinstance(message, Cancel):
+                emit(Failed(req_id, 500, "server_error", "The worker could not accept this request."))
+
+    def _dispatch(self, message: Any, emit: Any) -> None:
         if isinstance(message, Generate):
             self.service.generate(message, emit)
         elif isinstance(message, CountTokens):

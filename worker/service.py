@@ -1,8 +1,13 @@
 """The worker's request handling: render, tokenize, schedule, and stream events back.
 
 ``GenerationService`` is transport-agnostic: the server hands it protocol messages and an
-``emit`` callable, and it answers through ``emit`` only. It never blocks the I/O thread on the
-model; generation runs on the scheduler's thread, which calls back per token.
+``emit`` callable, and it answers through ``emit`` only. It never blocks the I/O thread: the
+message handlers only check cheap fields and queue the preparation (rendering, tokenizing,
+grammar setup) on a small bounded pool (preparation.py); generation runs on the scheduler's
+thread, which calls back per token.
+
+Errors sent to the gateway are fixed sentences; the exceptions behind them go to the log, since
+their text is about our code, not about the client's request.
 """
 
 from __future__ import annotations
@@ -19,11 +24,17 @@ from . import compaction
 from .detokenize import IncrementalDecoder
 from .engine.types import EngineRequest, QueueFull, SamplingParams, Step
 from .output.events import OutputAssembler, logprob_entry
+from .preparation import Preparer
 from .prompt import RenderOptions, render
+from .prompt_bound import PromptBound
+from .request_params import InvalidParam, sampling_from_body
 
 log = logging.getLogger("kiln.worker.service")
 
 Emit = Callable[[Any], None]
+
+RENDER_FAILED = "The input could not be rendered with the model's chat template."
+GENERATION_FAILED = "The model failed while generating this response."
 
 
 @dataclass
@@ -31,10 +42,8 @@ class ServiceConfig:
     model_id: str
     context_window: int
     default_max_output_tokens: int = 4096
-
-
-class PromptTooLong(Exception):
-    pass
+    prepare_threads: int = 2  # threads rendering and tokenizing requests
+    prepare_queue: int = 64  # requests that may wait for one of them; more get 503
 
 
 class GenerationService:
@@ -48,6 +57,7 @@ class GenerationService:
         router_factory: Callable[[dict, str], Any] | None = None,
         constraint_factory: Callable[[dict], list] | None = None,
         tools_prompt: Callable[[dict], str | None] | None = None,
+        preparer: Preparer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
@@ -56,7 +66,11 @@ class GenerationService:
         self.router_factory = router_factory
         self.constraint_factory = constraint_factory
         self.tools_prompt = tools_prompt
+        self.bound = PromptBound(tokenizer)
+        self.preparer = preparer or Preparer(config.prepare_threads, config.prepare_queue)
         self._handles: dict[str, int] = {}
+        self._preparing: set[str] = set()
+        self._dropped: set[str] = set()  # cancelled while being prepared: never submitted
         self._lock = threading.Lock()
 
     # -- prompt ----------------------------------------------------------------------------------
@@ -67,16 +81,100 @@ class GenerationService:
     def prompt_tokens(self, body: dict) -> list[int]:
         return self.tokenizer.encode(self.prompt_text(body))
 
-    # -- messages --------------------------------------------------------------------------------
-    def count(self, message: CountTokens, emit: Emit) -> None:
+    def _render(self, req_id: str, body: dict, emit: Emit) -> str | None:
+        """The prompt text, or None after answering Failed (a template that raises is the
+        client's input problem)."""
         try:
-            tokens = self.prompt_tokens(message.body)
-        except Exception as exc:  # a template that raises is the client's input problem
-            emit(Failed(message.req_id, 400, "invalid_prompt", f"The input could not be rendered: {exc}"))
+            return self.prompt_text(body)
+        except Exception:
+            log.warning("could not render request %s", req_id, exc_info=True)
+            emit(Failed(req_id, 400, "invalid_prompt", RENDER_FAILED))
+            return None
+
+    def _provably_longer(self, text: str, limit: int) -> int | None:
+        """A lower bound on the tokens of text when it proves more than limit (see prompt_bound)."""
+        return self.bound.exceeds(text, limit)
+
+    # -- messages (called on the I/O thread: queue the work, never do it) -----------------------
+    def generate(self, message: Generate, emit: Emit) -> None:
+        try:
+            sampling = sampling_from_body(message.body, self.config.default_max_output_tokens)
+        except InvalidParam as exc:
+            emit(Failed(message.req_id, 400, "invalid_request_error", exc.message, exc.param))
             return
-        emit(TokenCount(message.req_id, len(tokens)))
+        self._prepare(message.req_id, lambda: self._generate(message, sampling, emit), emit)
+
+    def count(self, message: CountTokens, emit: Emit) -> None:
+        self._prepare(message.req_id, lambda: self._count(message, emit), emit)
 
     def compact(self, message: Compact, emit: Emit) -> None:
+        self._prepare(message.req_id, lambda: self._compact(message, emit), emit)
+
+    def cancel(self, req_id: str) -> None:
+        with self._lock:
+            handle = self._handles.get(req_id)
+            if handle is None and req_id in self._preparing:
+                self._dropped.add(req_id)  # dropped when its preparation ends
+        if handle is not None:
+            self.scheduler.cancel(handle)
+
+    def stats(self) -> dict[str, Any]:
+        stats = dict(self.scheduler.stats())
+        with self._lock:
+            stats["preparing"] = len(self._preparing)
+        return stats
+
+    def stop(self) -> None:
+        self.preparer.stop()
+
+    # -- preparation (on the preparation threads) ------------------------------------------------
+    def _prepare(self, req_id: str, job: Callable[[], None], emit: Emit) -> None:
+        with self._lock:
+            self._preparing.add(req_id)
+
+        def run() -> None:
+            try:
+                with self._lock:
+                    dropped = req_id in self._dropped
+                if not dropped:
+                    job()
+            except Exception:  # a bug of ours fails this request, never the worker
+                log.exception("preparing request %s failed", req_id)
+                emit(Failed(req_id, 500, "server_error", "The worker could not prepare this request."))
+            finally:
+                with self._lock:
+                    self._preparing.discard(req_id)
+                    self._dropped.discard(req_id)
+
+        if not self.preparer.submit(run):
+            with self._lock:
+                self._preparing.discard(req_id)
+            emit(Failed(req_id, 503, "server_is_overloaded", "The worker is busy preparing other requests; retry shortly."))
+
+    def _submit(self, req_id: str, request: EngineRequest, emit: Emit) -> None:
+        """Hand a prepared request to the scheduler, unless it was cancelled meanwhile."""
+        with self._lock:
+            if req_id in self._dropped:
+                return  # the gateway already forgot it
+            try:
+                self._handles[req_id] = self.scheduler.submit(request)
+                return
+            except QueueFull:
+                pass
+        emit(Failed(req_id, 503, "server_is_overloaded", "The worker's queue is full; retry shortly."))
+
+    def _count(self, message: CountTokens, emit: Emit) -> None:
+        req_id, window = message.req_id, self.config.context_window
+        text = self._render(req_id, message.body, emit)
+        if text is None:
+            return
+        lower = self._provably_longer(text, window)
+        if lower is not None:
+            emit(Failed(req_id, 400, "context_length_exceeded", f"The input is at least {lower} tokens, more than the model's context window of {window} tokens.", "input"))
+            return
+        emit(TokenCount(req_id, len(self.tokenizer.encode(text))))
+
+    def _compact(self, message: Compact, emit: Emit) -> None:
         """Plan the split, generate the summary on the scheduler, answer Compacted."""
         req_id, body = message.req_id, message.body
         items = body.get("input") or []
@@ -85,8 +183,15 @@ class GenerationService:
         def refuse(reason: str) -> None:
             emit(Failed(req_id, 400, "context_length_exceeded", f"Compaction cannot shorten this input: {reason}.", "input"))
 
+        text = self._render(req_id, body, emit)
+        if text is None:
+            return
+        lower = self._provably_longer(text, window)
+        if lower is not None:
+            return refuse(f"the history is at least {lower} tokens, longer than the context window of {window}")
         try:
-            before = len(self.prompt_tokens(body))
+            before = len(self.tokenizer.encode(text))
+            del text
             if before > window:
                 return refuse(f"the history is {before} tokens, longer than the context window of {window}")
             bare = {k: v for k, v in body.items() if k not in ("instructions", "tools")}
@@ -95,8 +200,9 @@ class GenerationService:
             prompt = self.prompt_tokens(summary_request)
         except compaction.CompactionRefused as exc:
             return refuse(str(exc))
-        except Exception as exc:
-            emit(Failed(req_id, 400, "invalid_prompt", f"The input could not be rendered: {exc}"))
+        except Exception:
+            log.warning("could not render compaction of %s", req_id, exc_info=True)
+            emit(Failed(req_id, 400, "invalid_prompt", RENDER_FAILED))
             return
         if len(prompt) >= window:
             return refuse("the part to summarize does not fit the context window")
@@ -111,56 +217,41 @@ class GenerationService:
             emit(Compacted(req_id, summary, split.kept, split.retained, before, after, usage))
 
         collector = _Collector(self, req_id, len(prompt), finished, emit)
-        params = SamplingParams(temperature=0.0, max_tokens=min(message.max_output_tokens, window - len(prompt)))
+        params = SamplingParams(temperature=0.0, max_tokens=max(1, min(message.max_output_tokens, window - len(prompt))))
         request = EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step)
-        try:
-            with self._lock:
-                self._handles[req_id] = self.scheduler.submit(request)
-        except QueueFull:
-            emit(Failed(req_id, 503, "server_is_overloaded", "The worker's queue is full; retry shortly."))
+        self._submit(req_id, request, emit)
 
-    def cancel(self, req_id: str) -> None:
-        with self._lock:
-            handle = self._handles.get(req_id)
-        if handle is not None:
-            self.scheduler.cancel(handle)
-
-    def stats(self) -> dict[str, Any]:
-        return self.scheduler.stats()
-
-    def generate(self, message: Generate, emit: Emit) -> None:
+    def _generate(self, message: Generate, sampling: Any, emit: Emit) -> None:
         req_id, body = message.req_id, message.body
-        try:
-            text = self.prompt_text(body)
-            prompt = self.tokenizer.encode(text)
-        except Exception as exc:
-            emit(Failed(req_id, 400, "invalid_prompt", f"The input could not be rendered with the model's chat template: {exc}"))
-            return
         window = self.config.context_window
+        text = self._render(req_id, body, emit)
+        if text is None:
+            return
+        # A prompt of window tokens or more does not fit: refuse the provably long ones untokenized.
+        lower = self._provably_longer(text, window - 1)
+        if lower is not None:
+            emit(Failed(req_id, 400, "context_length_exceeded", f"The input is at least {lower} tokens, which does not fit the model's context window of {window} tokens.", "input"))
+            return
+        prompt = self.tokenizer.encode(text)
+        if not prompt:
+            emit(Failed(req_id, 400, "invalid_prompt", "The input renders to an empty prompt.", "input"))
+            return
         if len(prompt) >= window:
             emit(Failed(req_id, 400, "context_length_exceeded", f"The input is {len(prompt)} tokens, which does not fit the model's context window of {window} tokens.", "input"))
             return
-        requested = body.get("max_output_tokens") or self.config.default_max_output_tokens
-        max_tokens = min(requested, window - len(prompt))
-        params = SamplingParams(
-            temperature=float(1.0 if body.get("temperature") is None else body["temperature"]),
-            top_p=float(1.0 if body.get("top_p") is None else body["top_p"]),
-            max_tokens=max_tokens,
-            top_logprobs=int(body.get("top_logprobs") or 0),
-            logprobs=bool(body.get("top_logprobs")) or "message.output_text.logprobs" in (body.get("include") or []),
-            seed=body.get("seed"),
-        )
+        params = sampling.params(window - len(prompt))
         try:
             processors = self.constraint_factory(body) if self.constraint_factory else []
-        except ValueError as exc:
+        except ValueError as exc:  # a grammar that cannot compile; its message names the problem
             emit(Failed(req_id, 400, "invalid_request_error", str(exc), "text.format"))
             return
         try:
             router = self.router_factory(body, text) if self.router_factory else None
+            del text  # the prompt may be large: keep only its tokens from here on
             run = _Run(self, req_id, emit, body, params, len(prompt), router)
-        except Exception as exc:  # a broken parser setup fails this request, not the worker
+        except Exception:  # a broken parser setup fails this request, not the worker
             log.exception("could not prepare output parsing")
-            emit(Failed(req_id, 500, "server_error", f"output parsing could not be set up: {exc}"))
+            emit(Failed(req_id, 500, "server_error", "The output parser could not be set up for this request."))
             return
         request = EngineRequest(
             prompt=prompt,
@@ -171,11 +262,7 @@ class GenerationService:
             cache_key=body.get("prompt_cache_key"),
         )
         run.request = request
-        try:
-            with self._lock:
-                self._handles[req_id] = self.scheduler.submit(request)
-        except QueueFull:
-            emit(Failed(req_id, 503, "server_is_overloaded", "The worker's queue is full; retry shortly."))
+        self._submit(req_id, request, emit)
 
     def _forget(self, req_id: str) -> None:
         with self._lock:
@@ -201,20 +288,33 @@ class _Run:
             namespaces=_namespaces(body.get("tools") or []),
         )
         self.want_logprobs = params.logprobs
+        self.failed = False
 
     def on_step(self, step: Step) -> None:
+        if self.failed:
+            return  # already answered Failed; the scheduler's terminal step changes nothing
         try:
             self._on_step(step)
             self._flush()
-        except Exception as exc:  # never let one request's bug stop the scheduler thread
+        except Exception:  # never let one request's bug stop the scheduler thread
             log.exception("output assembly failed")
+            self.failed = True
             self.service._forget(self.req_id)
-            self.emit(Failed(self.req_id, 500, "server_error", f"output assembly failed: {exc}"))
-            raise
+            self.emit(Failed(self.req_id, 500, "server_error", "The response could not be assembled."))
+            raise  # the scheduler then ends this request
+
+    def usage(self) -> dict[str, Any]:
+        """Usage so far: what Done would report if the request ended now."""
+        return {
+            "input_tokens": self.prompt_len,
+            "input_tokens_details": {"cached_tokens": self.request.cached_tokens if self.request is not None else 0},
+            "output_tokens": self.assembler.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.assembler.reasoning_tokens},
+        }
 
     def _flush(self) -> None:
         if self._pending:
-            self.emit(Event(self.req_id, list(self._pending)))
+            self.emit(Event(self.req_id, list(self._pending), self.usage()))
             self._pending.clear()
 
     def _on_step(self, step: Step) -> None:
@@ -233,23 +333,17 @@ class _Run:
         if reason == "cancelled":
             return  # the gateway already forgot this request
         if reason == "error":
+            log.error("request %s failed in the engine: %s", self.req_id, step.error)
             self._flush()
-            self.emit(Failed(self.req_id, 500, "server_error", step.error or "generation failed"))
+            self.emit(Failed(self.req_id, 500, "server_error", GENERATION_FAILED))
             return
         tail = self.decoder.flush()
         if tail:
             self.assembler.add_token(tail)
             self.assembler.output_tokens -= 1
         status, incomplete = self.assembler.finish(reason)
-        cached = self.request.cached_tokens if self.request is not None else 0
-        usage = {
-            "input_tokens": self.prompt_len,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": self.assembler.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self.assembler.reasoning_tokens},
-        }
         self._flush()
-        self.emit(Done(self.req_id, status, usage, incomplete))
+        self.emit(Done(self.req_id, status, self.usage(), incomplete))
 
 
 class _Collector:
@@ -275,14 +369,16 @@ class _Collector:
         if step.finish_reason == "cancelled":
             return
         if step.finish_reason == "error":
-            self.emit(Failed(self.req_id, 500, "server_error", step.error or "summary generation failed"))
+            log.error("summary for %s failed in the engine: %s", self.req_id, step.error)
+            self.emit(Failed(self.req_id, 500, "server_error", "The model failed while generating the summary."))
             return
         self.parts.append(self.decoder.flush())
         usage = {"input_tokens": self.prompt_len, "output_tokens": self.tokens}
         try:
             self.finished("".join(self.parts).strip(), usage)
-        except Exception as exc:
-            self.emit(Failed(self.req_id, 500, "server_error", f"compaction failed: {exc}"))
+        except Exception:
+            log.exception("compaction of %s failed", self.req_id)
+            self.emit(Failed(self.req_id, 500, "server_error", "The compacted input could not be built."))
 
 
 def _namespaces(tools: list[dict]) -> dict[str, str]:

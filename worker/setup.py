@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
 from typing import Any
@@ -10,6 +11,8 @@ from .output.router import make_router
 from .output.tool_calls.select import parser_for
 from .output.tool_prompt import render_tools_system_prompt, template_supports_tools
 from .prompt import RenderOptions, function_tools
+
+log = logging.getLogger("kiln.worker.setup")
 
 
 def model_extras(tokenizer: Any, options: dict) -> dict[str, Any]:
@@ -62,6 +65,7 @@ class Constraints:
 
             self._compiler = GrammarCompiler.from_tokenizer(self._tokenizer)
         except Exception as exc:  # reported to the requests that need it
+            log.exception("structured output is unavailable: the grammar compiler could not be built")
             self._error = exc
         finally:
             self._ready.set()
@@ -69,7 +73,7 @@ class Constraints:
     def compiler(self) -> Any:
         self._ready.wait()
         if self._error is not None:
-            raise ValueError(f"structured output is unavailable for this model: {self._error}")
+            raise ValueError("Structured output is unavailable for this model.")
         return self._compiler
 
     def for_body(self, body: dict) -> list:

@@ -23,7 +23,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
 from .native_decode import NativeDecoder, log_softmax
-from .sampling import Sampler, sample_rows, top_k_logprobs
+from .sampling import Sampler, greedy, sample_rows, top_k_logprobs
 from .types import EngineRequest
 
 
@@ -166,7 +166,7 @@ class DecodeBatch:
         if logprobs is None:
             logits, contexts = self._apply_processors(logits, inputs)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nxt = sample_rows(logprobs, [r.sampler for r in rows])
+        nxt = self._sample(logprobs)
         nxt_lp = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
         k = max(r.req.params.top_logprobs for r in rows)
         nxt_top = top_k_logprobs(logprobs, k) if k else None
@@ -191,6 +191,23 @@ class DecodeBatch:
             sampled = self._take(nxt, nxt_lp, nxt_top)
             out.extend(self._delivery(row, i, *sampled) for i, row in enumerate(rows) if row.error is None)
         return out
+
+    def _sample(self, logprobs: mx.array) -> mx.array:
+        """One token per row. A sampler that raises fails only its own row: the row is marked
+        (the scheduler ends it) and takes the argmax as a placeholder that is never delivered."""
+        samplers = [r.sampler if r.error is None else greedy for r in self.rows]
+        try:
+            return sample_rows(logprobs, samplers)
+        except Exception:
+            pass
+        picks = []
+        for i, (row, sampler) in enumerate(zip(self.rows, samplers)):
+            try:
+                picks.append(sampler(logprobs[i : i + 1]))
+            except Exception as e:
+                row.error = f"sampling failed: {e!r}"
+                picks.append(greedy(logprobs[i : i + 1]))
+        return mx.concatenate(picks)
 
     @staticmethod
     def _take(tokens: mx.array, logprobs: mx.array, top: tuple[mx.array, mx.array] | None) -> tuple:

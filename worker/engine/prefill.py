@@ -22,6 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from .cache import PrefixCache
+from .sampling import Sampler
 from .types import EngineRequest
 
 # Remainders up to SHORT_PREFILL tokens are prefilled together, in passes of at most
@@ -44,6 +45,7 @@ class Prefill:
         self.pos = 0  # prompt positions already in self.cache
         self.cached = 0  # of which served by the prefix cache
         self.solo = False  # set after a batched pass containing it failed: retry alone
+        self.sampler: Sampler | None = None  # made when it begins, so a bad one fails it alone
 
     @property
     def begun(self) -> bool:

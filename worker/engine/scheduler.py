@@ -11,6 +11,13 @@ Requests are admitted (prefill + decode together) up to max_batch; the rest wait
 queue of at most queue_depth. A failing forward pass fails the requests it involved
 (the whole decode batch, or one prefill; a failed batched prefill is retried one
 request at a time to find the culprit) and the loop carries on.
+
+Failures stay with the request at fault. Every request taken off the queue is at all times
+in exactly one place: the prefill queue, the decode batch, or finished (its on_step has had
+its terminal step). Nothing leaves the prefill queue before everything that can fail for it
+alone (prefix lookup, its sampler, its prompt pass) has succeeded, so a failure either fails
+that request or puts the others back for another try. An on_step that raises ends its own
+request (with a terminal "error" step) and nothing else.
 """
 
 from __future__ import annotations
@@ -185,11 +192,14 @@ class Scheduler:
         for req in [p.req for p in prefills] + [r.req for r in rows]:
             self._finish(req, "error", error)
 
-    def _emit(self, req: EngineRequest, step: Step) -> None:
+    def _emit(self, req: EngineRequest, step: Step) -> bool:
+        """Deliver one step; False when the callback raised (the caller then ends the request)."""
         try:
             req.on_step(step)
+            return True
         except Exception:  # a caller's bug must not take the engine down
             log.exception("on_step callback failed")
+            return False
 
     def _finish(self, req: EngineRequest, reason: str, error: str | None = None) -> None:
         self._emit(req, Step(None, None, None, reason, error))
@@ -211,8 +221,15 @@ class Scheduler:
             for i in sorted(drop):
                 row = self._batch.rows[i]
                 if row.started:
-                    self._prefix.insert(row.tokens, self._batch.extract(i))
+                    self._remember(row.tokens, lambda: self._batch.extract(i))
         self._batch.remove(drop)
+
+    def _remember(self, tokens: list[int], kv) -> None:
+        """Store KV in the prefix cache; it only saves work, so a failure here fails nobody."""
+        try:
+            self._prefix.insert(tokens, kv())
+        except Exception:
+            log.exception("prefix cache insert failed")
 
     def _decode(self) -> None:
         try:
@@ -235,7 +252,9 @@ class Scheduler:
                 continue
             step = self._step_for(d)
             if step.finish_reason is None:
-                self._emit(d.row.req, step)
+                if not self._emit(d.row.req, step):  # its callback broke: end it alone
+                    last.append((d.row.req, Step(None, None, None, "error", "on_step failed")))
+                    done.add(index[id(d.row)])
             else:
                 last.append((d.row.req, step))
                 done.add(index[id(d.row)])
@@ -270,48 +289,67 @@ class Scheduler:
         spent = 0
         while self._prefills:
             head = self._prefills[0]
-            involved = [head]
-            try:
-                if not head.begun:
-                    head.begin(self._model, self._prefix)
-                if head.short:
-                    involved = self._short_group()
-                    cost = len(involved) * max(p.remaining for p in involved)
-                    if spent and spent + cost > self.prefill_chunk:
-                        return
-                    cache = prefill_together(self._model, involved)
-                    spent += cost
-                    for _ in involved:
-                        self._prefills.popleft()
-                    self._join(involved, cache, own_cache=False)
-                    return  # a decode step gives the joined rows their first token now
-                else:
-                    if spent and spent + head.next_chunk() > self.prefill_chunk:
-                        return
-                    spent += head.run_chunk(self._model)
-                    if head.remaining == 0:
-                        self._prefills.popleft()
-                        self._join(involved, head.batch_cache(), own_cache=True)
-                        return
-            except Exception as e:
-                if len(involved) > 1:  # find the culprit: retry each request on its own
-                    log.warning("batched prefill failed (%r); retrying one by one", e)
-                    for p in involved:
-                        p.solo = True
+            if not self._begin(head):
+                continue
+            if head.short:
+                group = self._short_group()
+                cost = len(group) * max(p.remaining for p in group)
+                if spent and spent + cost > self.prefill_chunk:
+                    return
+                try:
+                    cache = prefill_together(self._model, group)
+                except Exception as e:
+                    mx.clear_cache()
+                    if len(group) > 1:  # find the culprit: each stays queued and retries alone
+                        log.warning("batched prefill failed (%r); retrying one by one", e)
+                        for p in group:
+                            p.solo = True
+                    else:
+                        self._fail_prefill(head, e)
                     continue
-                log.exception("prefill failed")
-                for p in involved:
-                    if p in self._prefills:
-                        self._prefills.remove(p)
-                    self._finish(p.req, "error", f"prefill failed: {e!r}")
-            mx.clear_cache()
+                spent += cost
+                for p in group:
+                    self._prefills.remove(p)
+                self._join(group, cache, own_cache=False)
+                return  # a decode step gives the joined rows their first token now
+            if spent and spent + head.next_chunk() > self.prefill_chunk:
+                return
+            try:
+                spent += head.run_chunk(self._model)
+                cache = head.batch_cache() if head.remaining == 0 else None
+            except Exception as e:
+                mx.clear_cache()
+                self._fail_prefill(head, e)
+                continue
+            if cache is not None:
+                self._prefills.remove(head)
+                self._join([head], cache, own_cache=True)
+                return
+            mx.clear_cache()  # between chunks of a long prompt
+
+    def _begin(self, p: Prefill) -> bool:
+        """Set up one queued prefill (prefix lookup, its sampler) once; a failure fails it alone."""
+        if p.begun:
+            return True
+        try:
+            p.begin(self._model, self._prefix)
+            p.sampler = make_sampler(p.req.params)
+            return True
+        except Exception as e:
+            self._fail_prefill(p, e)
+            return False
+
+    def _fail_prefill(self, p: Prefill, e: Exception) -> None:
+        log.error("prefill failed", exc_info=e)
+        self._prefills.remove(p)
+        self._finish(p.req, "error", f"prefill failed: {e!r}")
 
     def _short_group(self) -> list[Prefill]:
         """The run of short prefills at the head of the queue that fits one pass."""
         group: list[Prefill] = []
-        for p in self._prefills:
-            if not p.begun:
-                p.begin(self._model, self._prefix)
+        for p in list(self._prefills):
+            if not self._begin(p):
+                continue  # failed and left the queue
             if not p.short or (p.solo and group):
                 break
             width = max([q.remaining for q in group] + [p.remaining])
@@ -332,8 +370,8 @@ class Scheduler:
         for i, p in enumerate(group):
             prompt = p.req.prompt
             if self._prefix is not None and p.pos > p.cached:
-                self._prefix.insert(prompt[:-1], p.cache if own_cache else extract_row(cache, i))
-            rows.append(Row(p.handle, p.req, make_sampler(p.req.params), tokens=list(prompt[:-1])))
+                self._remember(prompt[:-1], (lambda: p.cache) if own_cache else (lambda: extract_row(cache, i)))
+            rows.append(Row(p.handle, p.req, p.sampler, tokens=list(prompt[:-1])))
         try:
             self._batch.add(rows, cache, [p.req.prompt[-1] for p in group])
         except Exception as e:

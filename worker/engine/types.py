@@ -6,6 +6,7 @@ read steps without importing the model-owning machinery.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -16,6 +17,16 @@ import mlx.core as mx
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 MAX_TOP_LOGPROBS = 20
+MAX_SEED = 2**63 - 1  # mlx's PRNG keys are 64-bit
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real number (NaN fails every range check that follows)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -30,15 +41,18 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
-        """Reject settings the sampler cannot honour, before the request is queued."""
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
+        """Reject settings the sampler cannot honour, before the request is queued (a bad value
+        found later, inside a batch, would fail the step of every request sharing it)."""
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError("temperature must be a finite number >= 0")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError("max_tokens must be an integer >= 1")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in 0..{MAX_SEED}")
 
     @property
     def greedy(self) -> bool:
