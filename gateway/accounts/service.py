@@ -194,10 +194,12 @@ class Accounts:
             await asyncio.sleep(min(300.0, max(1.0, self.pending_ttl_s / 4)))
 
     async def close(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-            await asyncio.gather(self._expiry, return_exceptions=True)
-            self._expiry = None
+        task, self._expiry = self._expiry, None
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        elif task is not None and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)  # opened on another loop (tests)
         if self.limiter is not None:
             await self.limiter.close()
         if self.db is not None:

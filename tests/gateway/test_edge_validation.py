@@ -303,13 +303,6 @@ async def test_maintenance_retry_after_at_the_bounds(hosted):
         assert r.status_code == 200 and r.json()["retry_after"] == seconds
 
 
-_MIDDLEWARE_PARSES_ITSELF = pytest.mark.xfail(
-    strict=False,
-    reason="gateway/accounts/middleware.py _admit runs json.loads itself (RecursionError -> 503 "
-    "'accounts backend unavailable'); it should call kiln.gateway.body.parse_json_bytes",
-)
-
-
 @pytest.mark.parametrize(
     "fields, param",
     [
@@ -317,8 +310,8 @@ _MIDDLEWARE_PARSES_ITSELF = pytest.mark.xfail(
         ('"input": "\\ud800"', "input"),
         ('"reasoning": {"effort": NaN}', "reasoning.effort"),
         ('"seed": -1', "seed"),
-        pytest.param('"input": %s' % _nested(100_000), None, marks=_MIDDLEWARE_PARSES_ITSELF, id="deep-100k"),
-        pytest.param('"tools": [{"type": "function", "name": "f", "parameters": %s}]' % ('{"a":' * 5000 + "1" + "}" * 5000), None, marks=_MIDDLEWARE_PARSES_ITSELF, id="deep-schema-5000"),
+        pytest.param('"input": %s' % _nested(100_000), None, id="deep-100k"),
+        pytest.param('"tools": [{"type": "function", "name": "f", "parameters": %s}]' % ('{"a":' * 5000 + "1" + "}" * 5000), None, id="deep-schema-5000"),
     ],
 )
 async def test_hosted_create_refuses_the_same_bodies(hosted, fields, param):

@@ -207,11 +207,6 @@ def test_no_body_reaches_a_5xx_or_a_hang_long(local, body, path):
     _check(local, path, body)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="hosted mode: gateway/accounts/middleware.py _admit json.loads the body itself, so deep "
-    "nesting answers 503; passes once it calls kiln.gateway.body.parse_json_bytes",
-)
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=create_bodies())
 def test_hosted_no_body_reaches_a_5xx_or_a_hang(hosted, body):
