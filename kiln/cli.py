@@ -61,6 +61,8 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
             os.environ.pop(_HOSTED_ENV[name], None)
         else:
             os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
+    # The token file was read above; the gateway gets the token alone (KILN_ADMIN_TOKEN), not both.
+    os.environ.pop("KILN_ADMIN_TOKEN_FILE", None)
     gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--hosted-tools", hosted_tools, "--log-level", log_level, *store_args(store_opts)]
     # Workers share the cores: each gets its share of BLAS threads unless the user chose.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, workers))))

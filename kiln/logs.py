@@ -38,3 +38,11 @@ def configure(level: str = "warning") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.Formatter.converter = time.gmtime
+
+
+def warn_secret_on_command_line(flag: str, instead: str) -> None:
+    """One warning line: a secret passed as a flag is readable by every local user via `ps`."""
+    logging.getLogger("kiln.security").warning(
+        f"{flag} on the command line is visible to every local user (ps, /proc); use {instead}",
+        extra={"flag": flag},
+    )
