@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
 import click
@@ -125,7 +126,9 @@ def serve(settings: Settings) -> None:
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
-    config.errorlog = "-"
+    # Hypercorn's error log through kiln.logs' JSON handler: "-" would add a plain-text handler
+    # of its own that printed every traceback a second time, not as JSON.
+    config.errorlog = logging.getLogger("hypercorn.error")
     config.loglevel = "WARNING"
     config.keep_alive_timeout = 75
     app = create_app(settings)
