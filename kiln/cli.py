@@ -71,7 +71,8 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
         worker_args += ["--model", model]
     for alias in model_alias:
         worker_args += ["--model-alias", alias]
-    click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops", err=True)
+    # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
+    click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops")
     raise SystemExit(build(gateway_args=gateway_args, worker_args=worker_args, workers=workers).run())
 
 
