@@ -1,7 +1,7 @@
 """``kiln serve``: one gateway and N workers as child processes.
 
-- Start: a gateway that exits before it has ever answered ``/health`` (its port is taken, a bad
-  setting), or a worker that exits before any worker has registered (a model that cannot load), is
+- Start: a gateway that exits by itself before it has ever answered ``/health`` (its port is
+  taken, a bad setting), or a worker that exits before any worker has registered (a model that cannot load), is
   fatal: ``kiln serve`` stops the others and exits non-zero, the child's own error being already on
   stderr, instead of restarting it forever. The supervisor polls the gateway's ``/health`` until
   every worker has registered once.
@@ -166,7 +166,9 @@ class Supervisor:
         if gateway.alive():
             return None
         now = time.monotonic()
-        if not self._gateway_up:
+        if not self._gateway_up and (gateway.code or 0) >= 0:
+            # It exited by itself before ever answering (port taken, bad settings): restarting
+            # would fail the same way. One killed by a signal is restarted like any other.
             log.error("gateway exited during start; stopping", extra={"code": gateway.code})
             return _exit_status(gateway.code)
         if gateway.next_start == 0.0:
