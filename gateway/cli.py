@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
 import click
@@ -27,6 +28,7 @@ def hosted_options(func):
         click.option("--redis-namespace", default="kiln", show_default=True, envvar="KILN_REDIS_NAMESPACE", help="Key prefix in Redis; replicas of one deployment share it."),
         click.option("--admin-token", default=None, envvar="KILN_ADMIN_TOKEN", help="Bearer token for /admin/maintenance (off without it)."),
         click.option("--allow-public-no-auth", is_flag=True, default=False, envvar="KILN_ALLOW_PUBLIC_NO_AUTH", help="Allow --auth none on a non-loopback address."),
+        click.option("--admin-token-file", default=None, type=click.Path(exists=True, dir_okay=False), envvar="KILN_ADMIN_TOKEN_FILE", help="File holding the admin token (kept out of `ps`, unlike --admin-token)."),
     ]):
         func = option(func)
     return func
@@ -39,6 +41,7 @@ def hosted_settings(host: str, options: dict) -> dict:
     from .accounts.service import public_bind_refusal
 
     values = {name: options.pop(name) for name in ("auth", "database_url", "catalog_path", "redis_url", "redis_namespace", "admin_token", "allow_public_no_auth")}
+    values["admin_token"] = admin_token(values["admin_token"], options.pop("admin_token_file", None))
     refusal = public_bind_refusal(host, values["auth"], values["allow_public_no_auth"])
     if refusal:
         raise click.UsageError(refusal)
@@ -83,6 +86,26 @@ def edge_settings(options: dict) -> dict:
         "allowed_hosts": split_list(options.pop("allowed_hosts")),
         "cors_origins": split_list(options.pop("cors_origins")),
     }
+def admin_token(token: str | None, token_file: str | None) -> str | None:
+    """The admin token from --admin-token / KILN_ADMIN_TOKEN or --admin-token-file /
+    KILN_ADMIN_TOKEN_FILE (one of them); a token given as a flag is visible in `ps`, so warn."""
+    from kiln.logs import warn_secret_on_command_line
+
+    if token_file:
+        if token:
+            raise click.UsageError("give the admin token once: --admin-token (KILN_ADMIN_TOKEN) or --admin-token-file (KILN_ADMIN_TOKEN_FILE)")
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            raise click.BadParameter("cannot read the admin token file", param_hint="--admin-token-file")
+        if not token:
+            raise click.BadParameter("the admin token file is empty", param_hint="--admin-token-file")
+        return token
+    ctx = click.get_current_context(silent=True)
+    if token and ctx is not None and ctx.get_parameter_source("admin_token") == click.core.ParameterSource.COMMANDLINE:
+        warn_secret_on_command_line("--admin-token", "--admin-token-file or KILN_ADMIN_TOKEN")
+    return token or None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -157,7 +180,9 @@ def serve(settings: Settings) -> None:
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
-    config.errorlog = "-"
+    # Hypercorn's error log through kiln.logs' JSON handler: "-" would add a plain-text handler
+    # of its own that printed every traceback a second time, not as JSON.
+    config.errorlog = logging.getLogger("hypercorn.error")
     config.loglevel = "WARNING"
     # Hypercorn's own bounds, for what happens before a request reaches the app: the idle timer
     # runs from accept until a request's headers are complete and between keep-alive requests, so

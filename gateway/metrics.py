@@ -3,10 +3,17 @@
 Request counts and in-flight come from a thin ASGI wrapper; time to first token, inter-token gaps
 and token counts from the generation path; worker load and prefix-cache hit ratio are read from the
 pool's heartbeat figures at scrape time, so they cost nothing between scrapes.
+
+Access: in local mode ``/metrics`` is open (the gateway listens on loopback). In hosted mode
+(``app.state.accounts`` set) the figures are the operator's, not a tenant's, so ``/metrics`` needs
+the admin token (``Authorization: Bearer <admin token>``): a tenant key gets 403, anything else 401.
+The wrapper answers ``/metrics`` itself in hosted mode, ahead of the accounts middleware, which
+would otherwise refuse the admin token as an unknown API key.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
+
+from .errors import ApiError
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -84,6 +93,12 @@ class MetricsMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics" and scope.get("method") in ("GET", "HEAD"):
+            app = scope.get("app")
+            if app is not None and getattr(app.state, "accounts", None) is not None:
+                response = await metrics_endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
         if scope["type"] != "http" or scope["path"] == "/metrics":
             await self.app(scope, receive, send)
             return
@@ -104,5 +119,32 @@ class MetricsMiddleware:
             self.metrics.requests.labels(path, str(status["code"])).inc()
 
 
+async def _bearer_is_tenant_key(accounts: Any, authorization: str) -> bool:
+    try:
+        await accounts.auth.authenticate(authorization, None, require_credits=False)
+    except Exception:  # not a key (ApiError), or the accounts backend is down: not a tenant
+        return False
+    return True
+
+
+async def require_admin(request: Request) -> None:
+    """In hosted mode, refuse ``/metrics`` without the admin token (401; 403 for a tenant key)."""
+    accounts = request.app.state.accounts
+    if accounts is None:
+        return
+    authorization = request.headers.get("authorization") or ""
+    scheme, _, given = authorization.partition(" ")
+    token = accounts.admin_token
+    if token is not None and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return
+    if scheme.lower() == "bearer" and given.strip() and await _bearer_is_tenant_key(accounts, authorization):
+        raise ApiError(403, "/metrics needs the admin token; an API key cannot read it.", code="permission_denied")
+    raise ApiError(401, "/metrics needs a valid admin token (Authorization: Bearer <admin token>).", code="invalid_api_key")
+
+
 async def metrics_endpoint(request: Request) -> Response:
+    try:
+        await require_admin(request)
+    except ApiError as error:
+        return error.response()
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -138,7 +138,7 @@ class RequestLogMiddleware:
 
         try:
             body = json.loads(b"".join(chunks) or b"null")
-        except ValueError:
+        except (ValueError, RecursionError):  # a deeply nested body must not turn into a 500 here
             body = None
         entry = {"ts": round(time.time(), 3), **summarize_request(scope["path"], body)}
         if self.bodies:
@@ -160,9 +160,18 @@ class RequestLogMiddleware:
         finally:
             entry.update(summarize_answer(answer["status"], answer["content_type"], answer["tail"]))
             entry["seconds"] = round(time.time() - entry["ts"], 3)
-            line = json.dumps(entry, default=str) + "\n"
-            with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            try:
+                line = json.dumps(entry, default=str) + "\n"
+            except (ValueError, RecursionError):
+                entry.pop("body", None)
+                line = json.dumps(entry, default=str) + "\n"
+            with self._lock, _open_private(self.path) as f:
                 f.write(line)
+
+
+def _open_private(path: str):
+    """Append to the log, creating it owner-only: with bodies on it holds the clients' prompts."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
 
 
 def install_request_log(app, path: str | None = None) -> None:

@@ -76,9 +76,7 @@ class ResponsesService:
     # -- create ----------------------------------------------------------------------------------
     def prepare(self, body: dict, owner: Any = None) -> tuple[Generation, list[dict]]:
         """Resolve the model and history; everything that can refuse the request happens here."""
-        model = self.pool.resolve(body["model"])
-        if model is None:
-            raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         body["model"] = model
         check_for_model(body, self.pool.context_window(model))
         if body["background"]:
@@ -132,9 +130,7 @@ class ResponsesService:
     async def compact_endpoint(self, body: dict) -> dict:
         """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
         is stored."""
-        model = self.pool.resolve(body["model"])
-        if model is None:
-            raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         window = self.pool.context_window(model) or 0
         keep = body.get("keep_tokens", compaction.default_keep_tokens(window))
         if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:

@@ -32,7 +32,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from kiln.gateway.errors import ApiError, invalid
+from kiln.gateway.errors import invalid
 
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_SCHEMA_DEPTH = 40

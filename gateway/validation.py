@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ApiError, invalid
+from .errors import invalid
 from .schema_check import check_json_schema, check_text_format
 
 HOSTED_TOOL_TYPES = frozenset(

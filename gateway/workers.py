@@ -40,6 +40,8 @@ from kiln.protocol import (
 )
 from kiln.protocol.security import derive_keys, secure_gateway_socket
 
+from .errors import ApiError
+
 log = logging.getLogger("kiln.gateway.workers")
 
 # A request's channel holds at most this many undelivered messages. A worker emits a handful of
@@ -147,6 +149,12 @@ def register_violation(message: Register) -> str | None:
     return None
 
 
+# Model names remembered for ``WorkerPool.require`` (oldest forgotten first), and the Retry-After
+# seconds of its 503 while a known model has no live worker.
+KNOWN_MODELS_LIMIT = 1024
+RETRY_AFTER_S = 2
+
+
 @dataclass
 class WorkerHandle:
     identity: bytes
@@ -233,6 +241,9 @@ class WorkerPool:
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._registered = asyncio.Event()
+        # Every name (id or alias) a worker has registered -> its model id, kept after the worker
+        # goes, so that a model whose worker is restarting answers 503 (retry) instead of 404.
+        self._known: dict[str, str] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -288,6 +299,32 @@ class WorkerPool:
             if name in w.names:
                 return w.info.model
         return None
+
+    def known(self, name: str) -> bool:
+        """Whether ``name`` was served by some worker since the gateway started (bounded memory)."""
+        return name in self._known
+
+    def require(self, name: str) -> str:
+        """The served model id for ``name``; else 503 while it is known but has no live worker
+        (a worker restarting), else 404 ``model_not_found``."""
+        model = self.resolve(name)
+        if model is not None:
+            return model
+        if self.known(name):
+            raise ApiError(
+                503,
+                f"No worker is serving model '{name}' right now; retry shortly.",
+                code="server_is_overloaded",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        raise ApiError(404, f"The model '{name}' does not exist or is not served here.", code="model_not_found", param="model")
+
+    def _remember(self, info: Register) -> None:
+        for name in (info.model, *info.aliases):
+            self._known.pop(name, None)
+            self._known[name] = info.model
+        while len(self._known) > KNOWN_MODELS_LIMIT:
+            self._known.pop(next(iter(self._known)))
 
     def context_window(self, model: str) -> int | None:
         for w in self.workers.values():
@@ -426,6 +463,7 @@ class WorkerPool:
         if old is not None:
             self._fail_inflight(old, "the worker restarted")
         self.workers[identity] = WorkerHandle(identity, message, time.monotonic())
+        self._remember(message)
         log.info(
             "worker registered",
             extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},

@@ -61,6 +61,8 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
             os.environ.pop(_HOSTED_ENV[name], None)
         else:
             os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
+    # The token file was read above; the gateway gets the token alone (KILN_ADMIN_TOKEN), not both.
+    os.environ.pop("KILN_ADMIN_TOKEN_FILE", None)
     gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--hosted-tools", hosted_tools, "--log-level", log_level, *store_args(store_opts)]
     # Gateway and workers authenticate each other with a secret of their own (by environment, not
     # argv, where `ps` shows it), unless the user set one, e.g. for workers on other hosts.
@@ -75,7 +77,8 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
         worker_args += ["--model", model]
     for alias in model_alias:
         worker_args += ["--model-alias", alias]
-    click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops", err=True)
+    # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
+    click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops")
     raise SystemExit(build(gateway_args=gateway_args, worker_args=worker_args, workers=workers).run())
 
 

@@ -1,21 +1,68 @@
 """``kiln serve``: one gateway and N workers as child processes.
 
-The supervisor restarts a worker that exits (with a short backoff so a model that cannot load
-does not spin), and on SIGINT/SIGTERM stops the workers and the gateway, escalating to SIGKILL
-for any child that outlives the grace period.
+- Start: a gateway that exits by itself before it has ever answered ``/health`` (its port is
+  taken, a bad setting), or a worker that exits before any worker has registered (a model that cannot load), is
+  fatal: ``kiln serve`` stops the others and exits non-zero, the child's own error being already on
+  stderr, instead of restarting it forever. The supervisor polls the gateway's ``/health`` until
+  every worker has registered once.
+- Running: a worker that exits is restarted, backing off when it dies soon after starting; a
+  gateway that exits is restarted too (the workers re-register with it), with a backoff and at most
+  ``GATEWAY_RESTARTS`` restarts in ``GATEWAY_WINDOW_S``, after which ``kiln serve`` gives up.
+- Stop: on SIGINT/SIGTERM the children's process groups get SIGTERM, then SIGKILL for any child
+  that outlives the grace period. Each child runs in its own process group (a terminal's Ctrl-C
+  reaches the supervisor alone, which stops them in order) and, on Linux, asks the kernel for
+  SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``), so that even a SIGKILLed ``kiln serve``
+  leaves no gateway or worker holding its ports.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import logging
-
+import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 log = logging.getLogger("kiln.supervisor")
+
+GATEWAY_RESTARTS = 5
+GATEWAY_WINDOW_S = 300.0
+_PR_SET_PDEATHSIG = 1
+# Loopback health probes must not go through an HTTP(S)_PROXY from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # looked up here, not in the forked child
+
+
+def _child_setup(parent: int) -> Callable[[], None]:
+    """The ``preexec_fn`` of every child: own process group, and die with the supervisor."""
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # the supervisor died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
 
 
 @dataclass
@@ -28,11 +75,34 @@ class Child:
     next_start: float = 0.0
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, start_new_session=False)
+        self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, preexec_fn=_child_setup(os.getpid()))
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    @property
+    def code(self) -> int | None:
+        return self.process.returncode if self.process is not None else None
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the child's process group (the child and anything it started)."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                self.process.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def _exit_status(code: int | None) -> int:
+    """A non-zero status for ``kiln serve`` from a child's return code (negative: a signal)."""
+    if code is None or code == 0:
+        return 1
+    return code if code > 0 else 128 - code
 
 
 @dataclass
@@ -40,7 +110,13 @@ class Supervisor:
     gateway: Child
     workers: list[Child] = field(default_factory=list)
     grace_s: float = 10.0
+    health_url: str | None = None
     _stopping: bool = False
+    _ready: bool = False  # every worker has registered once
+    _gateway_up: bool = False  # the gateway has answered /health once
+    _seen: set = field(default_factory=set)  # worker ids seen registered during the start
+    _next_probe: float = 0.0
+    _gateway_restarts: deque = field(default_factory=deque)
 
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -50,52 +126,136 @@ class Supervisor:
             worker.start()
         try:
             while not self._stopping:
-                if not self.gateway.alive():
-                    log.error("gateway exited", extra={"code": self.gateway.process.returncode})
-                    return self.gateway.process.returncode or 1
-                self._tend_workers()
+                code = self._tend_gateway()
+                if code is None:
+                    code = self._tend_workers()
+                if code is not None:
+                    return code
+                if not self._ready:
+                    self._probe()
                 time.sleep(0.2)
         finally:
             self._stop_all()
         return 0
 
-    def _tend_workers(self) -> None:
+    def _probe(self, *, now: bool = False) -> None:
+        """Ask the gateway which workers have registered; the start is over once all have."""
+        when = time.monotonic()
+        if self.health_url is None or (when < self._next_probe and not now):
+            return
+        self._next_probe = when + 0.5
+        try:
+            with _OPENER.open(self.health_url, timeout=2) as r:
+                body = r.read()
+        except urllib.error.HTTPError as err:  # 503 until a worker registers; the body still says
+            body = err.read()
+        except (OSError, ValueError):
+            return
+        self._gateway_up = True
+        try:
+            ids = {w["id"] for w in json.loads(body).get("workers") or []}
+        except (ValueError, AttributeError, KeyError, TypeError):
+            return
+        self._seen |= ids
+        if len(self._seen) >= len(self.workers):
+            self._ready = True
+            log.info("started", extra={"workers": len(self._seen)})
+
+    def _tend_gateway(self) -> int | None:
+        gateway = self.gateway
+        if gateway.alive():
+            return None
+        now = time.monotonic()
+        if not self._gateway_up and (gateway.code or 0) >= 0:
+            # It exited by itself before ever answering (port taken, bad settings): restarting
+            # would fail the same way. One killed by a signal is restarted like any other.
+            log.error("gateway exited during start; stopping", extra={"code": gateway.code})
+            return _exit_status(gateway.code)
+        if gateway.next_start == 0.0:
+            window = self._gateway_restarts
+            while window and now - window[0] > GATEWAY_WINDOW_S:
+                window.popleft()
+            if len(window) >= GATEWAY_RESTARTS:
+                log.error(
+                    "gateway keeps exiting; giving up",
+                    extra={"code": gateway.code, "restarts": len(window), "window_s": GATEWAY_WINDOW_S},
+                )
+                return _exit_status(gateway.code)
+            delay = min(10.0, 0.5 * (2 ** len(window)))
+            gateway.next_start = now + delay
+            log.warning("gateway exited; restarting", extra={"code": gateway.code, "in_s": delay})
+        elif now >= gateway.next_start:
+            self._gateway_restarts.append(now)
+            gateway.restarts += 1
+            gateway.next_start = 0.0
+            gateway.start()
+        return None
+
+    def _tend_workers(self) -> int | None:
         now = time.monotonic()
         for worker in self.workers:
             if worker.alive():
                 continue
+            if not self._ready and worker.restarts == 0 and not self._registered_any():
+                # Exited before any worker registered: a model that cannot load fails now.
+                log.error("worker exited during start; stopping", extra={"worker": worker.name, "code": worker.code})
+                return _exit_status(worker.code)
             if worker.next_start == 0.0:
                 # Back off longer when a worker dies soon after starting (e.g. a model that won't load).
                 quick = now - worker.started_at < 30
                 delay = min(30.0, 0.5 * (2 ** min(worker.restarts, 6))) if quick else 0.5
                 worker.next_start = now + delay
-                code = worker.process.returncode if worker.process else None
-                log.warning("worker exited; restarting", extra={"worker": worker.name, "code": code, "in_s": delay})
+                log.warning("worker exited; restarting", extra={"worker": worker.name, "code": worker.code, "in_s": delay})
             elif now >= worker.next_start:
                 worker.restarts += 1
                 worker.next_start = 0.0
                 worker.start()
+        return None
+
+    def _registered_any(self) -> bool:
+        """Whether some worker has registered (asked again now: a worker that registered and died
+        at once is still listed until its heartbeat times out)."""
+        self._probe(now=True)
+        return bool(self._seen)
 
     def _request_stop(self, signum: int, frame: object) -> None:
         self._stopping = True
 
     def _stop_all(self) -> None:
-        children = [c for c in [*self.workers, self.gateway] if c.alive()]
+        children = [c for c in [*self.workers, self.gateway] if c.process is not None]
         for child in children:
-            child.process.send_signal(signal.SIGTERM)
+            child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
         for child in children:
             try:
                 child.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.process.kill()
+                child.signal_group(signal.SIGKILL)
                 child.process.wait()
+
+
+def _flag(args: list[str], name: str, default: str) -> str:
+    for i, arg in enumerate(args[:-1]):
+        if arg == name:
+            return args[i + 1]
+    return default
+
+
+def health_url(gateway_args: list[str]) -> str:
+    """Where the supervisor asks the gateway whether the workers have registered."""
+    host = _flag(gateway_args, "--host", "127.0.0.1")
+    port = _flag(gateway_args, "--port", "8080")
+    if host in ("", "0.0.0.0", "*"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/health"
 
 
 def build(*, gateway_args: list[str], worker_args: list[str], workers: int) -> Supervisor:
     python = sys.executable
     gateway = Child("gateway", [python, "-m", "kiln.gateway", *gateway_args])
     children = [Child(f"worker-{i}", [python, "-m", "kiln.worker", *worker_args]) for i in range(workers)]
-    return Supervisor(gateway, children)
-
-
+    return Supervisor(gateway, children, health_url=health_url(gateway_args))

@@ -7,6 +7,7 @@ applies pending migrations when the database is opened.
 
 from __future__ import annotations
 
+import os
 import re
 
 from sqlalchemy import event
@@ -47,6 +48,26 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cursor.close()
 
 
+def _private_sqlite_file(path: str | None) -> None:
+    """Create the SQLite file owner-only (0600) before SQLite does (it would honour the umask,
+    typically 0644: API key hashes and every tenant's ledger readable by any local user).
+
+    SQLite gives the -wal and -shm files the database file's mode; existing ones are tightened too.
+    """
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except FileNotFoundError:
+            pass
+        except PermissionError:  # not ours to change (e.g. a read-only deployment); leave it
+            pass
+
+
 def create_engine(url: str, *, schema: str | None = None) -> AsyncEngine:
     """An async engine for a plain URL; ``schema`` sets PostgreSQL's search_path (tests, tenancy)."""
     target = make_url(async_url(url))
@@ -59,6 +80,7 @@ def create_engine(url: str, *, schema: str | None = None) -> AsyncEngine:
         connect_args["server_settings"] = {"search_path": schema}
     engine = create_async_engine(target, connect_args=connect_args, pool_pre_ping=True)
     if target.get_backend_name() == "sqlite":
+        _private_sqlite_file(target.database)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine
 

@@ -28,7 +28,8 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     pool = request.app.state.pool
     name = request.path_params["model"]
+    model = pool.require(name)  # 503 while a known model's worker restarts, else 404
     for info in pool.models():
-        if name == info.model or name in info.aliases:
+        if info.model == model:
             return JSONResponse(_model_object(info, request.app.state.started_at))
     raise ApiError(404, f"The model '{name}' does not exist.", code="model_not_found", param="model")

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..admission import admit
 from ..body import read_json
-from ..errors import ApiError, invalid
+from ..errors import invalid
 from ..generation import GenerationFailed, count_tokens, terminal_event
 from ..lifecycle import ResponseRun
 from ..compaction import expand_items
@@ -223,9 +223,7 @@ async def input_tokens(request: Request) -> Response:
     ticket = await admit(request, raw, reserve=False)  # key scope, credits, concurrency; not billed
     try:
         body = _validated(request, raw)
-        model = service.pool.resolve(body["model"])
-        if model is None:
-            raise ApiError(404, f"The model '{body['model']}' does not exist or is not served here.", code="model_not_found", param="model")
+        model = service.pool.require(body["model"])
         body["model"] = model
         history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
         body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
