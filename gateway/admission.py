@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 
-from .accounts.middleware import GENERATION_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, accounts_unavailable
+from .accounts.middleware import GENERATION_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SLOT_SCOPE_KEY, accounts_unavailable
 from .errors import ApiError
 
 
@@ -68,6 +68,7 @@ async def admit(request: Request, body: Mapping[str, Any], *, reserve: bool = Tr
             body=body,
             pool=request.app.state.pool,
             reserve=reserve,
+            slot=request.scope.get(SLOT_SCOPE_KEY),
         )
     except ApiError:
         raise

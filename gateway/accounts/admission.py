@@ -3,14 +3,14 @@ ticket that settles its bill however it ends.
 
 The accounts middleware has authenticated the key by then (401); ``admit`` does the rest, in the
 contract's order (docs/hosted.md): 400 ``background``, 404 ``model_not_found`` (catalog), 403
-``model_not_allowed`` (key scope), 503 (no worker serves the model), 429 (the organization's
-concurrency slot), 402 (credits, read live: the reservation is a conditional debit in the
-database, so a balance that just reached zero refuses the next request at once).
+``model_not_allowed`` (key scope), 503 (no worker serves the model), 402 (credits, read live: the reservation is a
+conditional debit in the database, so a balance that just reached zero refuses the next request at
+once). The organization's concurrency slot (429) was taken by the middleware, before the body.
 
 The ticket is the one hook through which a request's outcome reaches the ledger: the response
 lifecycle calls ``settle(status, usage)`` exactly once with what the client received (before the
-final bytes leave), and ``close()`` on every exit, which releases the slot and records a request
-that ended without a settlement (an error) at cost 0.
+final bytes leave), and ``close()`` on every exit, which records a request that ended without a
+settlement (an error) at cost 0.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ def usage_counts(usage: Mapping[str, Any] | None) -> tuple[int, int, int]:
 class HostedTicket:
     """One admitted request: its reservation, its concurrency slot and its ledger row."""
 
-    def __init__(self, accounts: Accounts, generation_id: str, principal: Principal, model: str, reserved_nanos: int, slot: Slot | None) -> None:
+    def __init__(self, accounts: Accounts, generation_id: str, principal: Principal, model: str, reserved_nanos: int, slot: Slot | None = None) -> None:
         self.accounts = accounts
         self.generation_id = generation_id
         self.principal = principal
         self.model = model
         self.reserved_nanos = reserved_nanos
-        self.slot = slot
+        self.slot = slot  # held by the middleware until the answer ends; freed here at settlement
         self.started_at = time.monotonic()
         self.event: UsageEvent | None = None
         self._settled = False
@@ -85,6 +85,8 @@ class HostedTicket:
             latency_ms=int((time.monotonic() - self.started_at) * 1000),
         )
         with anyio.CancelScope(shield=True):
+            if self.slot is not None:
+                await self.slot.release()  # the work is over: the organization may start the next
             try:
                 self.event = await self.accounts.settle(record, self.reserved_nanos)
             except Exception:
@@ -93,14 +95,9 @@ class HostedTicket:
         return self.event.cost_usd
 
     async def close(self) -> None:
-        """Release the slot; a request that ended without a settlement is recorded as an error."""
-        with anyio.CancelScope(shield=True):
-            try:
-                if not self._settled:
-                    await self.settle("error")
-            finally:
-                if self.slot is not None:
-                    await self.slot.release()
+        """A request that ended without a settlement is recorded as an error (unbilled)."""
+        if not self._settled:
+            await self.settle("error")
 
 
 def _reservation_tokens(body: Mapping[str, Any], window: int) -> tuple[int, int]:
@@ -116,7 +113,7 @@ def _reservation_tokens(body: Mapping[str, Any], window: int) -> tuple[int, int]
     return inp, min(out, window)
 
 
-async def admit(accounts: Accounts, *, principal: Principal, generation_id: str, body: Mapping[str, Any], pool: Any, reserve: bool = True) -> HostedTicket:
+async def admit(accounts: Accounts, *, principal: Principal, generation_id: str, body: Mapping[str, Any], pool: Any, reserve: bool = True, slot: Slot | None = None) -> HostedTicket:
     """Admit a metered request (raises the contract's ApiError) and reserve its worst-case cost.
 
     ``reserve=False`` (token counting) checks the balance without reserving and writes no row."""
@@ -128,28 +125,23 @@ async def admit(accounts: Accounts, *, principal: Principal, generation_id: str,
         raise ApiError(400, "'background' is not supported on this gateway: send the request in the foreground.", code="unsupported_parameter", param="background")
     if accounts.catalog is not None:
         accounts.catalog.require(model)  # 404 model_not_found
-    assert accounts.auth is not None and accounts.meter is not None and accounts.limiter is not None
+    assert accounts.meter is not None
     if principal.allowed_models is not None and model not in principal.allowed_models:
         raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
     served = pool.resolve(model) if pool is not None else model
     if served is None:
         raise ApiError(503, f"No model backend is serving '{model}' right now. Retry with exponential backoff.", headers={"Retry-After": "1"})
-    slot = await accounts.limiter.acquire(principal.org_id, principal.concurrency_limit)  # 429
-    try:
-        reserved = 0
-        if reserve:
-            window = (pool.context_window(served) if pool is not None else 0) or 0
-            inp, out = _reservation_tokens(body, window)
-            price = accounts.meter.price_nanos(model, inp, out)
-            record = UsageRecord(generation_id, principal.org_id, principal.key_prefix, model, "pending")
-            if not await accounts.reserve(record, price):
-                raise _no_credits()
-            reserved = price
-        elif await accounts.meter.balance_nanos(principal.org_id) <= 0:
+    reserved = 0
+    if reserve:
+        window = (pool.context_window(served) if pool is not None else 0) or 0
+        inp, out = _reservation_tokens(body, window)
+        price = accounts.meter.price_nanos(model, inp, out)
+        record = UsageRecord(generation_id, principal.org_id, principal.key_prefix, model, "pending")
+        if not await accounts.reserve(record, price):
             raise _no_credits()
-    except BaseException:
-        await slot.release()
-        raise
+        reserved = price
+    elif await accounts.meter.balance_nanos(principal.org_id) <= 0:
+        raise _no_credits()
     ticket = HostedTicket(accounts, generation_id, principal, model, reserved, slot)
     if not reserve:
         ticket._settled = True  # nothing to write: counting tokens is not billed

@@ -14,7 +14,8 @@ reservation as its cost. ``settle`` turns that row into the final one and gives 
 reservation over-took, again in one transaction. So the balance is checked live (no cache), N
 concurrent requests can overdraw by at most the last one's reservation, and the ledger still sums
 to what was debited at every instant. A pending row whose gateway died is refunded by
-``expire_pending`` once it is older than any request can run.
+``expire_pending`` (status ``expired``) once it is an hour old; should its request still settle
+after that, the row becomes final and its cost is debited then.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 BILLED_STATUSES = frozenset({"completed", "incomplete", "cancelled"})
 UNBILLED_STATUSES = frozenset({"failed", "error"})
 PENDING = "pending"
+# A pending row refunded by ``expire_pending``; if its request does settle later after all, the
+# row becomes final and the request's cost is debited then.
+EXPIRED = "expired"
 MAX_PAGE = 1000
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -260,24 +264,27 @@ class Meter:
         if min(record.input_tokens, record.cached_tokens, record.output_tokens, record.latency_ms) < 0:
             raise ValueError("token counts and latency must not be negative")
         cost = self.cost_nanos(record)
+        final = dict(
+            status=record.status,
+            input_tokens=record.input_tokens,
+            cached_tokens=min(record.cached_tokens, record.input_tokens),
+            output_tokens=record.output_tokens,
+            cost_nanousd=cost,
+            latency_ms=int(record.latency_ms),
+        )
+        row = usage_events.c.generation_id == record.generation_id
         async with self._db.engine.begin() as conn:
-            updated = await conn.execute(
-                usage_events.update()
-                .where(usage_events.c.generation_id == record.generation_id, usage_events.c.status == PENDING)
-                .values(
-                    status=record.status,
-                    input_tokens=record.input_tokens,
-                    cached_tokens=min(record.cached_tokens, record.input_tokens),
-                    output_tokens=record.output_tokens,
-                    cost_nanousd=cost,
-                    latency_ms=int(record.latency_ms),
-                )
-            )
-            if updated.rowcount == 1 and reserved_nanos != cost:
+            refund = int(reserved_nanos) - cost
+            updated = await conn.execute(usage_events.update().where(row, usage_events.c.status == PENDING).values(**final))
+            if updated.rowcount != 1:
+                # Expired while it ran (its reservation was already given back): debit the cost now.
+                updated = await conn.execute(usage_events.update().where(row, usage_events.c.status == EXPIRED).values(**final))
+                refund = -cost
+            if updated.rowcount == 1 and refund:
                 await conn.execute(
                     organizations.update()
                     .where(organizations.c.id == record.org_id)
-                    .values(credits_nanousd=organizations.c.credits_nanousd + (int(reserved_nanos) - cost))
+                    .values(credits_nanousd=organizations.c.credits_nanousd + refund)
                 )
         event = await self.get(record.org_id, record.generation_id)
         if event is None:
@@ -285,8 +292,8 @@ class Meter:
         return event
 
     async def expire_pending(self, older_than: datetime) -> int:
-        """Refund and close (status ``failed``, cost 0) pending rows created before ``older_than``:
-        their gateway died before settling them. Returns how many were closed."""
+        """Refund pending rows created before ``older_than`` (status ``expired``, cost 0): their
+        gateway died before settling them. Returns how many were closed."""
         async with self._db.engine.connect() as conn:
             rows = (
                 await conn.execute(
@@ -301,7 +308,7 @@ class Meter:
                 done = await conn.execute(
                     usage_events.update()
                     .where(usage_events.c.generation_id == row.generation_id, usage_events.c.status == PENDING)
-                    .values(status="failed", cost_nanousd=0)
+                    .values(status=EXPIRED, cost_nanousd=0)
                 )
                 if done.rowcount == 1:
                     closed += 1

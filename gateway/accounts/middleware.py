@@ -8,7 +8,8 @@ the routes.
 
 For the metered paths (create, compact, input_tokens) it also mints the generation id and puts it in
 ``X-Neocloud-Generation-Id`` and ``X-Kiln-Generation-Id`` on every response of the request, streamed
-ones and refusals included. Admission (catalog, key scope, credits, concurrency) and metering are
+ones and refusals included, and holds one of the organization's concurrency slots (429
+``rate_limit_exceeded``) from authentication until the answer has ended, however it ends. Admission (catalog, key scope, credits, concurrency) and metering are
 not here: the routes admit through ``accounts/admission.py`` once the body is parsed, and the
 response lifecycle settles the ticket with the usage it holds as a value (no re-parsing of our own
 bytes).
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+
+import anyio
 from typing import Any, Awaitable, Callable
 
 from kiln.gateway.errors import ApiError
@@ -41,6 +44,7 @@ METERED_PATHS = frozenset({
 OPEN_PATHS = frozenset({"/health"})
 GENERATION_HEADERS = (b"x-neocloud-generation-id", b"x-kiln-generation-id")
 PRINCIPAL_SCOPE_KEY = "kiln.principal"
+SLOT_SCOPE_KEY = "kiln.slot"  # the organization's concurrency slot; the lifecycle may free it early
 GENERATION_SCOPE_KEY = "kiln.generation_id"
 
 
@@ -95,26 +99,39 @@ class AccountsMiddleware:
         if path in OPEN_PATHS or path == "/admin" or path.startswith("/admin/"):
             await self.app(scope, receive, send)
             return
-        if scope["method"] == "POST" and path in METERED_PATHS:
+        metered = scope["method"] == "POST" and path in METERED_PATHS
+        if metered:
             generation_id = new_generation_id()
             scope[GENERATION_SCOPE_KEY] = generation_id
             send = _with_headers(send, [(name, generation_id.encode()) for name in GENERATION_HEADERS])
         accounts = self.accounts
+        slot = None
         try:
             if accounts.maintenance:
                 raise maintenance_error(accounts)
-            assert accounts.auth is not None
+            assert accounts.auth is not None and accounts.limiter is not None
             # Credits are checked live at admission (metered paths); an organization that ran
             # out can still list models and read its usage.
             principal = await accounts.auth.authenticate(self._authorization(scope), None, require_credits=False)
+            if metered:
+                # The organization's slot is held from here, while its body is read, until the
+                # answer has ended: a tenant's slow or stalled bodies use up its own concurrency,
+                # not the server's.
+                slot = await accounts.limiter.acquire(principal.org_id, principal.concurrency_limit)
         except ApiError as error:
             await send_api_error(send, error)
             return
-        except Exception as exc:  # the accounts database is down
+        except Exception as exc:  # the accounts database or Redis is down
             await send_api_error(send, accounts_unavailable(exc))
             return
         scope[PRINCIPAL_SCOPE_KEY] = principal
-        await self.app(scope, receive, send)
+        scope[SLOT_SCOPE_KEY] = slot
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if slot is not None:
+                with anyio.CancelScope(shield=True):
+                    await slot.release()
 
     @staticmethod
     def _authorization(scope: Scope) -> str | None:

@@ -105,9 +105,9 @@ class Accounts:
         if not settings.database_url:
             raise ValueError("--auth keys needs --database-url (env KILN_DATABASE_URL)")
         if getattr(settings, "store_mode", "none") != "none":
-            log.warning(
-                "--auth keys with the response store on: stored responses are not scoped to an "
-                "organization; the hosted contract runs with --store none"
+            log.info(
+                "--auth keys with the response store on: stored responses are kept per organization, "
+                "within one budget for all; the hosted contract runs with --store none"
             )
         return cls(
             settings.database_url,
