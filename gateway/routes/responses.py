@@ -66,6 +66,7 @@ async def create_response(request: Request) -> Response:
     service = _service(request)
     raw = await _read(request)
     ticket = await admit(request, raw)
+    watch = DisconnectWatch(request)
     try:
         body = _validated(request, raw)
         generation, own_input = service.prepare(body, _owner(request))
@@ -75,21 +76,26 @@ async def create_response(request: Request) -> Response:
         opening = generation.response.snapshot()  # as it stands before any compaction work
         # Compaction can run for a while before the stream opens: a client that gives up
         # meanwhile must not leave it running on a worker.
-        await _while_connected(request, run.start())
+        await _while_connected(watch, run.start())
     except ClientDisconnected:
+        await watch.stop()
         await ticket.close()
         return Response(status_code=499)
     except BaseException:
+        await watch.stop()
         await ticket.close()
         raise
     if body["stream"]:
+        if await watch.stop():
+            await run.finish(client_gone=True)
+            return Response(status_code=499)
         return StreamingResponse(
             _stream(run, opening),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        await _while_connected(request, _drain(run))
+        await _while_connected(watch, _drain(run))
     except GenerationFailed as failure:
         await run.finish()
         raise failure.api_error()
@@ -97,6 +103,7 @@ async def create_response(request: Request) -> Response:
         await run.finish(client_gone=True)
         return Response(status_code=499)
     finally:
+        await watch.stop()
         cost = await run.finish()  # before the body leaves: a client that got it is billed
     return JSONResponse(_with_cost(generation.response.snapshot(), cost))
 
@@ -110,24 +117,42 @@ async def _drain(run: ResponseRun) -> None:
         pass
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns when the client hangs up (the body has been read, so nothing else arrives)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class DisconnectWatch:
+    """Notices, once per request, that the client hung up (the body has been read, so nothing
+    else arrives on the channel but the disconnect).
+
+    One watcher for the whole request, not one per awaited step: a disconnect that arrives just
+    as one step finishes is then never lost between two steps."""
+
+    def __init__(self, request: Request) -> None:
+        self.gone = asyncio.Event()
+        self._task = asyncio.ensure_future(self._watch(request))
+
+    async def _watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+
+    async def stop(self) -> bool:
+        """Stop watching (a streaming response listens itself from here on); True if the client
+        has already gone."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return self.gone.is_set()
 
 
-async def _while_connected(request: Request, work: Awaitable[T]) -> T:
+async def _while_connected(watch: DisconnectWatch, work: Awaitable[T]) -> T:
     """Await ``work`` unless the client disconnects first; then cancel it, which closes its
     worker channel and tells the worker to stop, and raise ClientDisconnected."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(watch.gone.wait())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        watcher.cancel()
+        gone.cancel()
     if task.cancelled():
         raise ClientDisconnected()
     return task.result()
@@ -208,7 +233,11 @@ async def compact_response(request: Request) -> Response:
         max_out = raw.get("max_output_tokens")
         if max_out is not None and (isinstance(max_out, bool) or not isinstance(max_out, int) or not 1 <= max_out <= 16384):
             raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
-        resource = await _while_connected(request, _service(request).compact_endpoint(body))
+        watch = DisconnectWatch(request)
+        try:
+            resource = await _while_connected(watch, _service(request).compact_endpoint(body))
+        finally:
+            await watch.stop()
         cost = await ticket.settle("completed", resource.get("usage"))
         return JSONResponse(_with_cost(resource, cost))
     except ClientDisconnected:
@@ -227,7 +256,11 @@ async def input_tokens(request: Request) -> Response:
         body["model"] = model
         history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
         body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
-        count = await _while_connected(request, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+        watch = DisconnectWatch(request)
+        try:
+            count = await _while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+        finally:
+            await watch.stop()
         return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
     except ClientDisconnected:
         return Response(status_code=499)
