@@ -80,7 +80,6 @@ def matmul_rows(model: nn.Module, reps: int) -> list[tuple[str, float]]:
     transposed = [mx.contiguous(w.T) for w in weights]
     mx.eval(transposed)
     out.append(("float32, transposed (in, out)", timed(lambda: [x[w.shape[0]] @ w for w in transposed], reps)))
-    del transposed
     for dtype in (mx.bfloat16, mx.float16):
         cast = [w.astype(dtype) for w in weights]
         xs = {k: v.astype(dtype) for k, v in x.items()}

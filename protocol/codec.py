@@ -16,7 +16,7 @@ class ProtocolError(ValueError):
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
+def _field_names(cls: Any) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
@@ -24,9 +24,10 @@ def encode(message: Any) -> bytes:
     # Fields are plain msgpack-able values (no nested dataclasses), so a shallow map is
     # enough; dataclasses.asdict would deep-copy every request body on the way out.
     cls = type(message)
-    payload = {name: getattr(message, name) for name in _field_names(cls)}
+    payload = {name: getattr(message, name) for name in _field_names(cls)}  # type: ignore[arg-type]
     payload["t"] = cls.__name__
-    return msgpack.packb(payload, use_bin_type=True)
+    packed: bytes = msgpack.packb(payload, use_bin_type=True)
+    return packed
 
 
 def decode(frame: bytes) -> Any:

@@ -78,7 +78,7 @@ class Kiln:
         gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *self.gateway_args], self._env(), self.tmp / "gateway.log")
         self.gateway = gw.start()
         self.procs.append(gw)
-        for i in range(self.workers):
+        for _ in range(self.workers):
             self.add_worker()
         try:
             self.wait_ready(timeout, self.workers)

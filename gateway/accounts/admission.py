@@ -92,7 +92,7 @@ class HostedTicket:
             except Exception:
                 log.exception("usage event not recorded", extra={"generation_id": self.generation_id})
                 return None
-        return self.event.cost_usd
+        return self.event.cost_usd if self.event is not None else None
 
     async def close(self) -> None:
         """A request that ended without a settlement is recorded as an error (unbilled)."""

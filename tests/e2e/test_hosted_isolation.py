@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.e2e.test_hosted_gateway import CATALOG_TEXT, MODEL, WORKER_ARGS, auth, new_key, new_org
+from tests.e2e.test_hosted_gateway import CATALOG_TEXT, MODEL, WORKER_ARGS, auth, new_org
 from tests.support import Kiln
 
 
