@@ -9,6 +9,7 @@ import signal
 import click
 
 from kiln.logs import configure
+from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 
 from .settings import Settings
 from .store.options import store_options, store_settings
@@ -111,7 +112,7 @@ def admin_token(token: str | None, token_file: str | None) -> str | None:
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="KILN_HOST", help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, envvar="KILN_PORT", help="HTTP port.")
-@click.option("--workers-bind", default="tcp://127.0.0.1:5555", show_default=True, envvar="KILN_WORKERS_BIND", help="ZeroMQ address workers connect to.")
+@click.option("--workers-bind", default=DEFAULT_WORKERS_ADDRESS, show_default=True, envvar="KILN_WORKERS_BIND", help="ZeroMQ address workers connect to.")
 @click.option("--max-body-bytes", default=32 << 20, show_default=True, type=int, envvar="KILN_MAX_BODY_BYTES", help="Largest request body accepted; larger ones get 413.")
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float, envvar="KILN_HEARTBEAT_TIMEOUT", help="Seconds of worker silence before its requests are failed.")
 @click.option("--first-event-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), envvar="KILN_FIRST_EVENT_TIMEOUT", help="Seconds a worker may take to start answering a request (queueing, prefill, compaction) before it fails with 504.")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.protocol import DEFAULT_WORKERS_ADDRESS
+
 
 @dataclass
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
-    workers_bind: str = "tcp://127.0.0.1:5555"
+    workers_bind: str = DEFAULT_WORKERS_ADDRESS
     max_body_bytes: int = 32 << 20
     heartbeat_timeout_s: float = 5.0
     # Bounded waiting: how long a worker may take to send a request's first message (prefill,

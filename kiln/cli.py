@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import click
 
@@ -37,13 +39,13 @@ def main() -> None:
 @click.option("--model", default=None, envvar="KILN_MODEL", help="GGUF file or mlx-lm folder. Default: the bundled SmolLM2-135M-Instruct.")
 @click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name for the model (repeatable).")
 @click.option("--workers", default=1, show_default=True, type=int, envvar="KILN_WORKERS", help="Worker processes to start (each loads the model).")
-@click.option("--workers-bind", default="tcp://127.0.0.1:5555", show_default=True, envvar="KILN_WORKERS_BIND", help="ZeroMQ address between gateway and workers.")
+@click.option("--workers-bind", default=None, envvar="KILN_WORKERS_BIND", help="ZeroMQ address between gateway and workers. Default: a private ipc:// socket of this server, so several servers on one machine never collide.")
 @click.option("--engine", type=click.Choice(["mlx", "scripted"]), default="mlx", show_default=True, envvar="KILN_ENGINE", help="scripted: weightless engine for tests and overhead benchmarks.")
 @click.option("--hosted-tools", type=click.Choice(["reject", "drop"]), default="reject", show_default=True, envvar="KILN_HOSTED_TOOLS", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
 @store_options
 @hosted_options
-def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str, engine: str, hosted_tools: str, log_level: str, **hosted_opts) -> None:
+def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str | None, engine: str, hosted_tools: str, log_level: str, **hosted_opts) -> None:
     """Start a gateway and WORKERS workers; restart workers that die; stop all on Ctrl-C.
 
     Every other gateway and worker setting reaches the children through its KILN_... environment
@@ -63,6 +65,10 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
             os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
     # The token file was read above; the gateway gets the token alone (KILN_ADMIN_TOKEN), not both.
     os.environ.pop("KILN_ADMIN_TOKEN_FILE", None)
+    runtime = None
+    if workers_bind is None:
+        runtime = private_runtime_dir()
+        workers_bind = f"ipc://{runtime}/workers.sock"
     gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--hosted-tools", hosted_tools, "--log-level", log_level, *store_args(store_opts)]
     # Gateway and workers authenticate each other with a secret of their own (by environment, not
     # argv, where `ps` shows it), unless the user set one, e.g. for workers on other hosts.
@@ -79,7 +85,22 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
         worker_args += ["--model-alias", alias]
     # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
     click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops")
-    raise SystemExit(build(gateway_args=gateway_args, worker_args=worker_args, workers=workers).run())
+    try:
+        code = build(gateway_args=gateway_args, worker_args=worker_args, workers=workers).run()
+    finally:
+        if runtime is not None:
+            shutil.rmtree(runtime, ignore_errors=True)
+    raise SystemExit(code)
+
+
+def private_runtime_dir() -> str:
+    """A directory only this user can enter (0700), for this server's gateway-worker socket:
+    under $XDG_RUNTIME_DIR when set, else the temp folder, with a short path (ipc:// paths are
+    limited to about 100 bytes)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.path.isdir(base) or len(base) > 60:
+        base = None
+    return tempfile.mkdtemp(prefix="kiln-", dir=base)
 
 
 main.add_command(orgs)

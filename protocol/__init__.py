@@ -18,10 +18,14 @@ from .messages import (
 )
 
 HEARTBEAT_INTERVAL_S = 1.0
+# Where a gateway binds its worker socket and a worker connects when neither is told otherwise
+# (``kiln serve`` chooses a private one for its children instead).
+DEFAULT_WORKERS_ADDRESS = "tcp://127.0.0.1:5555"
 
 __all__ = [
     "PROTOCOL_VERSION",
     "HEARTBEAT_INTERVAL_S",
+    "DEFAULT_WORKERS_ADDRESS",
     "ProtocolError",
     "encode",
     "decode",

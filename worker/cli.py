@@ -10,12 +10,13 @@ import time
 import click
 
 from kiln.logs import configure
+from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 
 log = logging.getLogger("kiln.worker")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--gateway", default="tcp://127.0.0.1:5555", show_default=True, envvar="KILN_GATEWAY", help="ZeroMQ address of the gateway's worker socket.")
+@click.option("--gateway", default=DEFAULT_WORKERS_ADDRESS, show_default=True, envvar="KILN_GATEWAY", help="ZeroMQ address of the gateway's worker socket.")
 @click.option("--model", default=None, envvar="KILN_MODEL", help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
 @click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name clients may use for the model (repeatable).")
 @click.option("--weights", type=click.Choice(["auto", "native", "float32", "float16", "bfloat16"]), default="auto", show_default=True, envvar="KILN_WEIGHTS", help="Weight layout. auto: dequantized on the CPU, the model's own quantization on Metal/CUDA.")
