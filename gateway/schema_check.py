@@ -27,7 +27,7 @@ from collections import OrderedDict
 from typing import Any, Iterator
 
 import jsonschema
-import llguidance
+from kiln.protocol.grammar import SchemaUse, schema_error
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
@@ -39,14 +39,6 @@ MAX_SCHEMA_DEPTH = 40
 COMPILE_TIMEOUT_S = 2.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ROOT_URI = "urn:kiln:schema"
-
-# The options kiln.worker.structured compiles with (kept equal by hand: the gateway and the
-# worker share only kiln.protocol). They shape the grammar more than which schemas pass.
-JSON_COMPILE_OPTIONS: dict[str, Any] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
 
 # Keywords whose values are data, not subschemas: a "$ref" key inside them is not a reference.
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "x-guidance"})
@@ -93,11 +85,12 @@ def check_text_format(fmt: dict | None, *, param: str = "text.format") -> None:
     check_json_schema(fmt["schema"], param=f"{param}.schema")
 
 
-def check_json_schema(schema: Any, *, param: str) -> None:
+def check_json_schema(schema: Any, *, param: str, use: SchemaUse = "text_format") -> None:
     """Refuse a JSON schema that is malformed, too big, has a dangling ``$ref`` or cannot compile.
 
-    Reused for function-tool ``parameters``, which the worker also enforces with a grammar
-    when a tool call is forced.
+    Reused for function-tool ``parameters`` (``use="tool_arguments"``), which the worker
+    enforces with a grammar when a tool call is forced; ``use`` picks the compile options both
+    daemons share (kiln.protocol.grammar), so they accept the same schemas.
     """
     if not isinstance(schema, dict):
         raise invalid(f"'{param}' must be a JSON schema object, got {_kind(schema)}.", param=param)
@@ -113,13 +106,13 @@ def check_json_schema(schema: Any, *, param: str) -> None:
             f"'{param}' is {size} bytes serialized; the limit is {MAX_SCHEMA_BYTES} bytes.",
             param=param,
         )
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    digest = hashlib.sha256(use.encode() + b"\0" + text.encode("utf-8")).digest()
     if digest in _ACCEPTED:
         _ACCEPTED.move_to_end(digest)
         return
     _check_metaschema(schema, param)
     _check_refs(schema, param)
-    _check_compiles(text, param)
+    _check_compiles(text, param, use)
     _ACCEPTED[digest] = None
     if len(_ACCEPTED) > _ACCEPTED_LIMIT:
         _ACCEPTED.popitem(last=False)
@@ -182,9 +175,9 @@ def _refs(node: Any, resolver: Any) -> Iterator[tuple[str, Any]]:
             yield from _refs(value, resolver)
 
 
-def _check_compiles(schema_text: str, param: str) -> None:
+def _check_compiles(schema_text: str, param: str, use: SchemaUse) -> None:
     """Run llguidance's tokenizer-free grammar validation under fuel and time bounds."""
-    future = _POOL.submit(_validate_grammar, schema_text)
+    future = _POOL.submit(_validate_grammar, schema_text, use)
     try:
         error = future.result(timeout=COMPILE_TIMEOUT_S)
     except concurrent.futures.TimeoutError:
@@ -195,24 +188,10 @@ def _check_compiles(schema_text: str, param: str) -> None:
         raise invalid(f"'{param}' cannot be enforced: {error}", param=param)
 
 
-def _validate_grammar(schema_text: str) -> str:
+def _validate_grammar(schema_text: str, use: SchemaUse) -> str:
     """Return llguidance's error message for the schema, or '' if it compiles."""
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_COMPILE_OPTIONS)
-    except ValueError as exc:
-        return str(exc)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=grammar_limits())
-    return _clean(messages[0]) if is_error and messages else ""
-
-
-def grammar_limits() -> llguidance.LLParserLimits:
-    """Fuel limits for validation: they bound compile work where wall time alone cannot."""
-    return llguidance.LLParserLimits(
-        initial_lexer_fuel=1_000_000,
-        step_lexer_fuel=200_000,
-        max_grammar_size=200_000,
-        verbose_errors=False,
-    )
+    error = schema_error(schema_text, use)
+    return _clean(error) if error else ""
 
 
 def _clean(message: str) -> str:
@@ -227,4 +206,4 @@ def _kind(value: Any) -> str:
     )
 
 
-__all__ = ["check_text_format", "check_json_schema", "grammar_limits", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH"]
+__all__ = ["check_text_format", "check_json_schema", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH"]

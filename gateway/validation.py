@@ -230,7 +230,7 @@ def _check_function(tool: dict, param: str) -> None:
     if params is not None and not isinstance(params, dict):
         raise invalid(f"Invalid type for '{param}.parameters': expected an object.", param=f"{param}.parameters")
     if params:
-        check_json_schema(params, param=f"{param}.parameters")
+        check_json_schema(params, param=f"{param}.parameters", use="tool_arguments")
 
 
 def function_names(tools: list[dict]) -> set[str]:

@@ -31,18 +31,9 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 from tokenizers import Tokenizer as HFTokenizer
 
-log = logging.getLogger(__name__)
+from kiln.protocol.grammar import JSON_COMPILE_OPTIONS, TOOL_ARGS_OPTIONS, parser_limits
 
-# Compact, fixed whitespace: a small model at temperature 1 given "flexible" whitespace will
-# happily emit newlines until max_tokens. Equal to kiln.gateway.schema_check.JSON_COMPILE_OPTIONS.
-JSON_COMPILE_OPTIONS: dict[str, Any] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
-# Tool arguments come from tool definitions that were not necessarily written for strict mode:
-# ignore keywords llguidance does not implement instead of refusing the whole call.
-TOOL_ARGS_OPTIONS: dict[str, Any] = {**JSON_COMPILE_OPTIONS, "lenient": True}
+log = logging.getLogger(__name__)
 
 COMPILE_SLOW_S = 0.5
 _NEG_INF = float("-inf")
@@ -52,16 +43,6 @@ ToolChoice = Union[Literal["required"], Mapping[str, Any]]
 
 class GrammarError(ValueError):
     """A grammar or schema llguidance cannot compile; the message names the problem."""
-
-
-def parser_limits() -> llguidance.LLParserLimits:
-    """Fuel limits that bound compile and per-token mask work for any grammar."""
-    return llguidance.LLParserLimits(
-        initial_lexer_fuel=1_000_000,
-        step_lexer_fuel=200_000,
-        max_grammar_size=200_000,
-        verbose_errors=False,
-    )
 
 
 def canonical_json(value: Any) -> str:

@@ -161,3 +161,32 @@ def test_compact_with_real_summary(http):
     assert [i["type"] for i in body["output"]].count("compaction") == 1
     follow = http.post("/v1/responses", json={"model": MODEL, "input": body["output"], "max_output_tokens": 16})
     assert follow.status_code == 200
+
+
+# A tool written for an API that implements more of JSON Schema than llguidance does.
+CONDITIONAL = {
+    "type": "function",
+    "name": "book_room",
+    "description": "Book a hotel room in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}, "nights": {"type": "integer", "minimum": 1, "maximum": 30}, "breakfast": {"type": "boolean"}},
+        "required": ["city", "nights"],
+        "if": {"properties": {"breakfast": {"const": True}}},
+        "then": {"required": ["nights"]},
+        "dependentRequired": {"breakfast": ["city"]},
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "name": "book_room"}])
+def test_tools_with_if_then_and_dependent_required_are_served(openai_client, choice):
+    """Gateway and worker compile tool arguments with the same options (kiln.protocol.grammar):
+    keywords llguidance does not implement are ignored for tools, not refused by one of them."""
+    resp = openai_client.responses.create(model=MODEL, input="Book me two nights in Paris.", tools=[CONDITIONAL], tool_choice=choice, max_output_tokens=80, temperature=0)
+    assert resp.status in ("completed", "incomplete"), resp.status
+    if choice != "auto":
+        calls = [o for o in resp.output if o.type == "function_call"]
+        assert calls and calls[0].name == "book_room", resp.output
+        args = json.loads(calls[0].arguments)
+        assert isinstance(args["city"], str) and 1 <= args["nights"] <= 30

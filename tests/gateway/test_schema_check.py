@@ -130,3 +130,21 @@ def test_check_json_schema_names_the_param():
 def test_gateway_module_does_not_import_mlx():
     code = "import sys, kiln.gateway.schema_check; sys.exit('mlx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_tool_arguments_ignore_keywords_the_grammar_cannot_enforce():
+    """``if``/``then`` and ``dependentRequired`` are valid JSON Schema that llguidance does not
+    implement: a tool that uses them is served (the worker compiles tool arguments leniently, with
+    the same options, kiln.protocol.grammar), while a ``text.format`` that asks for a guarantee
+    Kiln cannot give is refused."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+        "if": {"properties": {"a": {"const": "x"}}},
+        "then": {"required": ["b"]},
+        "dependentRequired": {"a": ["b"]},
+    }
+    check_json_schema(schema, param="tools[0].parameters", use="tool_arguments")
+    with pytest.raises(ApiError) as refused:
+        check_json_schema(schema, param="text.format.schema")
+    assert refused.value.status == 400 and refused.value.param == "text.format.schema"

@@ -410,3 +410,22 @@ def test_model_output_validates_all_schemas(model, tokenizer, compiler, path):
     # the two must complete.
     completed = [_generate_schema(model, tokenizer, compiler, path.stem, seed=seed, max_tokens=600, allow_cap=True) for seed in range(2)]
     assert any(completed), "both samples ran to the token cap"
+
+
+def test_tool_call_grammar_ignores_keywords_it_cannot_enforce(compiler):
+    """The same lenient options the gateway checks tool arguments with (kiln.protocol.grammar):
+    a tool whose parameters use ``if``/``then`` and ``dependentRequired`` compiles here too."""
+    tool = {
+        "type": "function",
+        "name": "book_room",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}, "breakfast": {"type": "boolean"}},
+            "required": ["city"],
+            "if": {"properties": {"breakfast": {"const": True}}},
+            "then": {"required": ["nights"]},
+            "dependentRequired": {"breakfast": ["city"]},
+        },
+    }
+    processor = compiler.processor_for_grammar(tool_call_grammar([tool], "required", parallel=False))
+    assert processor.error is None
