@@ -11,9 +11,12 @@ gateway imports this.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import llguidance
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 # Compact, fixed whitespace: a small model at temperature 1 given "flexible" whitespace will
 # happily emit newlines until max_tokens.
@@ -31,9 +34,9 @@ TOOL_ARGS_OPTIONS: dict[str, Any] = {**JSON_COMPILE_OPTIONS, "lenient": True}
 SchemaUse = Literal["text_format", "tool_arguments"]
 
 
-def compile_options(use: SchemaUse) -> dict[str, Any]:
+def compile_options(use: SchemaUse) -> "JsonCompileOptions":
     """The llguidance ``overrides`` a schema of this use is compiled with."""
-    return dict(TOOL_ARGS_OPTIONS if use == "tool_arguments" else JSON_COMPILE_OPTIONS)
+    return cast("JsonCompileOptions", dict(TOOL_ARGS_OPTIONS if use == "tool_arguments" else JSON_COMPILE_OPTIONS))
 
 
 def parser_limits() -> llguidance.LLParserLimits:
