@@ -10,6 +10,7 @@ keeps heartbeating (the gateway's deadlines must end it). Real-model tests cover
 from __future__ import annotations
 
 import logging
+import codecs
 import os
 import queue
 import threading
@@ -36,9 +37,27 @@ class ByteTokenizer:
     def decode(self, tokens: list[int]) -> str:
         return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
 
+    def stream_decoder(self) -> "ByteStreamDecoder":
+        return ByteStreamDecoder()
+
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **_: Any) -> str:
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
         return text + ("assistant: " if add_generation_prompt else "")
+
+
+class ByteStreamDecoder:
+    """The byte tokenizer's incremental decoder: the same ``feed``/``flush`` contract as
+    kiln.worker.loading.stream_decoder.StreamDecoder (complete characters only)."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: int | list[int]) -> str:
+        ids = [ids] if isinstance(ids, int) else ids
+        return self._utf8.decode(bytes(t for t in ids if t < 256))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
 
 
 class ScriptedScheduler:

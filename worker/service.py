@@ -21,7 +21,6 @@ from typing import Any
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
 
 from . import compaction
-from .detokenize import IncrementalDecoder
 from .engine.types import EngineRequest, QueueFull, SamplingParams, Step
 from .output.events import OutputAssembler, logprob_entry
 from .preparation import Preparer
@@ -279,7 +278,7 @@ class _Run:
         self.prompt_len = prompt_len
         self.request: EngineRequest | None = None
         tok = service.tokenizer
-        self.decoder = IncrementalDecoder(tok.decode)
+        self.decoder = tok.stream_decoder()
         self._pending: list[dict] = []  # this token's events, sent together
         self.assembler = OutputAssembler(
             self._pending.append,
@@ -320,7 +319,7 @@ class _Run:
     def _on_step(self, step: Step) -> None:
         reason = step.finish_reason
         if step.token is not None and reason != "stop":
-            text = self.decoder.add(step.token)
+            text = self.decoder.feed(step.token)
             logprob = None
             if self.want_logprobs and step.logprob is not None:
                 tok = self.service.tokenizer
@@ -355,13 +354,13 @@ class _Collector:
         self.prompt_len = prompt_len
         self.finished = finished
         self.emit = emit
-        self.decoder = IncrementalDecoder(service.tokenizer.decode)
+        self.decoder = service.tokenizer.stream_decoder()
         self.parts: list[str] = []
         self.tokens = 0
 
     def on_step(self, step: Step) -> None:
         if step.token is not None and step.finish_reason != "stop":
-            self.parts.append(self.decoder.add(step.token))
+            self.parts.append(self.decoder.feed(step.token))
             self.tokens += 1
         if step.finish_reason is None:
             return
