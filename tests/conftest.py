@@ -7,10 +7,19 @@ fault injection and protocol tests.
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from .support import Kiln
+
+# CI draws the same examples on every run (a property that fails there fails every time, and a
+# run never fails on a draw it cannot reproduce); a developer's run explores new ones.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

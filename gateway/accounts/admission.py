@@ -128,9 +128,13 @@ async def admit(accounts: Accounts, *, principal: Principal, generation_id: str,
     assert accounts.meter is not None
     if principal.allowed_models is not None and model not in principal.allowed_models:
         raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
-    served = pool.resolve(model) if pool is not None else model
-    if served is None:
-        raise ApiError(503, f"No model backend is serving '{model}' right now. Retry with exponential backoff.", headers={"Retry-After": "1"})
+    if accounts.catalog is not None:
+        # A catalog model without a live worker is the backend's absence, not the client's error.
+        served = pool.resolve(model)
+        if served is None:
+            raise ApiError(503, f"No model backend is serving '{model}' right now. Retry with exponential backoff.", headers={"Retry-After": "1"})
+    else:
+        served = pool.require(model)  # no catalog: 404 for a name no worker ever served
     reserved = 0
     if reserve:
         window = (pool.context_window(served) if pool is not None else 0) or 0
