@@ -8,7 +8,7 @@ import signal
 
 import click
 
-from kiln.logs import configure
+from kiln.protocol.logs import configure
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 
 from .settings import Settings
@@ -90,7 +90,7 @@ def edge_settings(options: dict) -> dict:
 def admin_token(token: str | None, token_file: str | None) -> str | None:
     """The admin token from --admin-token / KILN_ADMIN_TOKEN or --admin-token-file /
     KILN_ADMIN_TOKEN_FILE (one of them); a token given as a flag is visible in `ps`, so warn."""
-    from kiln.logs import warn_secret_on_command_line
+    from kiln.protocol.logs import warn_secret_on_command_line
 
     if token_file:
         if token:
@@ -181,7 +181,7 @@ def serve(settings: Settings) -> None:
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
-    # Hypercorn's error log through kiln.logs' JSON handler: "-" would add a plain-text handler
+    # Hypercorn's error log through kiln.protocol.logs' JSON handler: "-" would add a plain-text handler
     # of its own that printed every traceback a second time, not as JSON.
     config.errorlog = logging.getLogger("hypercorn.error")
     config.loglevel = "WARNING"

@@ -13,7 +13,7 @@ from kiln.gateway.store.options import store_args, store_options, store_settings
 
 from .admin import keys, orgs
 from .codex_config import codex_config
-from .logs import configure
+from kiln.protocol.logs import configure
 
 # Hosted settings reach the gateway child as environment variables (not argv, where a database
 # password or the admin token would show in `ps`).

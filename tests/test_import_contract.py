@@ -31,6 +31,11 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+# The daemons' packages; anything else under ``kiln.`` is the umbrella command (kiln/), which the
+# daemons must not import back: code they share lives in protocol/.
+DAEMON_PACKAGES = ("kiln.gateway", "kiln.worker", "kiln.protocol")
+
+
 def _crossings(folder: str) -> list[str]:
     bad = []
     for path in sorted((ROOT / folder).rglob("*.py")):
@@ -38,6 +43,8 @@ def _crossings(folder: str) -> list[str]:
             for prefix in FORBIDDEN[folder]:
                 if name == prefix or name.startswith(prefix + "."):
                     bad.append(f"{path.relative_to(ROOT)} imports {name}")
+            if (name == "kiln" or name.startswith("kiln.")) and not name.startswith(DAEMON_PACKAGES):
+                bad.append(f"{path.relative_to(ROOT)} imports the umbrella {name}")
     return bad
 
 

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from kiln.logs import configure
+from kiln.protocol.logs import configure
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 
 log = logging.getLogger("kiln.worker")

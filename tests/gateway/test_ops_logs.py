@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from kiln.logs import JsonFormatter, MAX_TRACEBACK_CHARS
+from kiln.protocol.logs import JsonFormatter, MAX_TRACEBACK_CHARS
 from tests.support import Proc, free_port
 
 LAUNCHER = '''

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -75,7 +76,7 @@ class JsonFormatter(logging.Formatter):
             entry["exc"] = _clip(record.exc_text, MAX_TRACEBACK_CHARS)
         return json.dumps(entry, default=str)
 
-    def _exception(self, exc_info: ExcInfo, now: float) -> dict:
+    def _exception(self, exc_info: ExcInfo, now: float) -> dict[str, Any]:
         key = _failure_key(exc_info)
         with self._lock:
             seen = self._recent.pop(key, None)
@@ -111,7 +112,8 @@ def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
     if args.exc_type is SystemExit:
         return
     thread = args.thread.name if args.thread is not None else None
-    logging.getLogger("kiln").error("uncaught exception in a thread", exc_info=(args.exc_type, args.exc_value, args.exc_traceback), extra={"thread": thread})
+    error = args.exc_value if args.exc_value is not None else args.exc_type()
+    logging.getLogger("kiln").error("uncaught exception in a thread", exc_info=(args.exc_type, error, args.exc_traceback), extra={"thread": thread})
 
 
 def warn_secret_on_command_line(flag: str, instead: str) -> None:
