@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 
+from kiln.protocol.usage import Usage
+
 from .accounts.middleware import GENERATION_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SLOT_SCOPE_KEY, accounts_unavailable
 from .errors import ApiError
 
@@ -23,7 +25,7 @@ class Ticket(Protocol):
     @property
     def settled(self) -> bool: ...
 
-    async def settle(self, status: str, usage: Mapping[str, Any] | None = None) -> Decimal | None:
+    async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         """Record the outcome (ledger status) and the usage the client received; the USD debited."""
         ...
 
@@ -42,7 +44,7 @@ class OpenTicket:
     def settled(self) -> bool:
         return self._settled
 
-    async def settle(self, status: str, usage: Mapping[str, Any] | None = None) -> Decimal | None:
+    async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         self._settled = True
         return None
 

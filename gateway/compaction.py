@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.protocol import Compact, Compacted, Failed
+from kiln.protocol.usage import Usage
 
 from .errors import ApiError, invalid
 from .generation import reply
@@ -90,13 +91,8 @@ async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, k
         raise ApiError(502, "The worker answered a compaction with something else.")
     items = wire["input"]
     retained = [_with_id(items[i]) for i in message.retained_indices]
-    usage = {
-        "input_tokens": message.usage.get("input_tokens", 0),
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": message.usage.get("output_tokens", 0),
-        "output_tokens_details": {"reasoning_tokens": 0},
-    }
-    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    summary = Usage.from_map(message.usage)
+    usage = Usage(input_tokens=summary.input_tokens, output_tokens=summary.output_tokens).to_map()
     return Compaction(
         item=compaction_item(sealer, message.summary, retained),
         kept=[items[i] for i in message.kept_indices],

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kiln.protocol import Done, Event, Failed, Generate
+from kiln.protocol.usage import Usage
 
 from .errors import ApiError
 from .response_object import ResponseObject
@@ -61,8 +62,8 @@ class Generation:
         self.done_without_worker = False
         # The running usage after the last worker message (what a cut stream received), and the
         # usage of compaction the gateway ran for this response (billed with it).
-        self.delivered_usage: dict[str, Any] | None = None
-        self.compaction_usage: dict[str, Any] | None = None
+        self.delivered_usage: Usage | None = None
+        self.compaction_usage: Usage | None = None
         # How long the worker may take to send its first message, and then each next one, before
         # the response fails (a hung worker must never hold a client or its slots forever).
         self.first_event_timeout_s: float | None = None
@@ -123,11 +124,11 @@ class Generation:
                 if isinstance(message, Event):
                     running = getattr(message, "usage", None)
                     if isinstance(running, dict):
-                        self.delivered_usage = _complete_usage(running)
+                        self.delivered_usage = Usage.from_map(running)
                     for event in message.events:
                         yield self._apply(event)
                 elif isinstance(message, Done):
-                    self.response.finish(message.status, _complete_usage(message.usage), message.incomplete_details)
+                    self.response.finish(message.status, complete_usage(message.usage), message.incomplete_details)
                     if self.timer is not None and self.timer.metrics is not None:
                         self.timer.metrics.observe_usage(self.response.data["usage"])
                     return
@@ -149,26 +150,9 @@ class Generation:
         return event
 
 
-def complete_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    return _complete_usage(usage)
-
-
-def _complete_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Usage with every field the Responses schema requires."""
-    inp = int(usage.get("input_tokens", 0))
-    out = int(usage.get("output_tokens", 0))
-    details = usage.get("input_tokens_details") or {}
-    out_details = usage.get("output_tokens_details") or {}
-    return {
-        "input_tokens": inp,
-        "input_tokens_details": {
-            "cached_tokens": int(details.get("cached_tokens", 0)),
-            "cache_write_tokens": int(details.get("cache_write_tokens", 0)),
-        },
-        "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": int(out_details.get("reasoning_tokens", 0))},
-        "total_tokens": inp + out,
-    }
+def complete_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A worker's usage map with every field the Responses schema requires."""
+    return Usage.from_map(usage).to_map()
 
 
 def terminal_event(response: ResponseObject) -> dict[str, Any]:

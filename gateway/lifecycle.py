@@ -17,41 +17,19 @@ then) with ``client_gone=True`` when the client left first.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import anyio
+
+from kiln.protocol.usage import Usage
 
 from .admission import Ticket
 from .generation import Generation
 
 if TYPE_CHECKING:
     from .responses_service import ResponsesService
-
-
-def add_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The sum of two Responses ``usage`` objects (either may be None)."""
-    if not a:
-        return dict(b) if b else None
-    if not b:
-        return dict(a)
-
-    def n(u: Mapping[str, Any], key: str, sub: str | None = None) -> int:
-        v = u.get(key)
-        if sub is not None:
-            v = v.get(sub) if isinstance(v, Mapping) else 0
-        return v if isinstance(v, int) and not isinstance(v, bool) else 0
-
-    inp = n(a, "input_tokens") + n(b, "input_tokens")
-    out = n(a, "output_tokens") + n(b, "output_tokens")
-    return {
-        "input_tokens": inp,
-        "input_tokens_details": {"cached_tokens": n(a, "input_tokens_details", "cached_tokens") + n(b, "input_tokens_details", "cached_tokens")},
-        "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": n(a, "output_tokens_details", "reasoning_tokens") + n(b, "output_tokens_details", "reasoning_tokens")},
-        "total_tokens": inp + out,
-    }
 
 
 def ledger_outcome(status: str, *, client_gone: bool, delivered_output: bool) -> str:
@@ -95,15 +73,17 @@ class ResponseRun:
         failed one, after the response was marked failed)."""
         return self.generation.events()
 
-    def billable_usage(self, *, client_gone: bool) -> dict[str, Any] | None:
+    def billable_usage(self, *, client_gone: bool) -> Usage:
         """What the client received: the final usage, else the running usage of the last event
         delivered; plus the usage of compaction done for this response."""
         generation = self.generation
         final = self.response.data.get("usage")
-        received = final if (final and not client_gone and self.response.status in ("completed", "incomplete")) else generation.delivered_usage
-        if not self.streaming and client_gone:
-            received = None  # a non-streaming client that left received nothing
-        return add_usage(received, generation.compaction_usage)
+        received = Usage()
+        if final and not client_gone and self.response.status in ("completed", "incomplete"):
+            received = Usage.from_map(final)
+        elif self.streaming or not client_gone:  # a non-streaming client that left received nothing
+            received = generation.delivered_usage or Usage()
+        return received + (generation.compaction_usage or Usage())
 
     async def finish(self, *, client_gone: bool = False) -> Decimal | None:
         """Store, forget, settle and release, once; the USD debited (hosted mode) or None."""
@@ -119,7 +99,7 @@ class ResponseRun:
                 self.service.finish_foreground(generation, self.own_input)
                 generation.close()
                 usage = self.billable_usage(client_gone=client_gone)
-                delivered = bool(usage and usage.get("output_tokens"))
+                delivered = usage.output_tokens > 0
                 if generation.done_without_worker:
                     delivered = True  # a compaction_trigger turn: the compaction item is the output
                 outcome = ledger_outcome(response.status, client_gone=client_gone, delivered_output=delivered)

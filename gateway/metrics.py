@@ -23,6 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kiln.protocol.usage import Usage
+
 from .errors import ApiError
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -39,9 +41,10 @@ class Metrics:
         self.registry.register(_WorkerCollector(pool))
 
     def observe_usage(self, usage: dict[str, Any]) -> None:
-        self.tokens.labels("input").inc(usage.get("input_tokens", 0))
-        self.tokens.labels("cached").inc((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
-        self.tokens.labels("output").inc(usage.get("output_tokens", 0))
+        counts = Usage.from_map(usage)
+        self.tokens.labels("input").inc(counts.input_tokens)
+        self.tokens.labels("cached").inc(counts.cached_tokens)
+        self.tokens.labels("output").inc(counts.output_tokens)
 
 
 class _WorkerCollector:

@@ -6,6 +6,8 @@ import time
 import uuid
 from typing import Any
 
+from kiln.protocol.usage import Usage
+
 # Fields echoed from the request into every Response object, with their defaults.
 _ECHOED = {
     "instructions": None,
@@ -39,13 +41,7 @@ def new_response_id() -> str:
 
 
 def zero_usage() -> dict[str, Any]:
-    return {
-        "input_tokens": 0,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": 0,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 0,
-    }
+    return Usage().to_map()
 
 
 class ResponseObject:

@@ -12,6 +12,8 @@ import logging
 import uuid
 from typing import Any
 
+from kiln.protocol.usage import Usage
+
 from . import compaction
 from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens
@@ -120,7 +122,7 @@ class ResponsesService:
             return
         rid = generation.response.id
         result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
-        generation.compaction_usage = result.usage  # billed with the response
+        generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
         body["input"] = result.history
         generation.wire_input = compaction.expand_items(result.history, self.sealer)
         generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})

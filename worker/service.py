@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
+from kiln.protocol.usage import Usage
 
 from . import compaction
 from .engine.types import EngineRequest, QueueFull, SamplingParams, Step
@@ -304,12 +305,12 @@ class _Run:
 
     def usage(self) -> dict[str, Any]:
         """Usage so far: what Done would report if the request ended now."""
-        return {
-            "input_tokens": self.prompt_len,
-            "input_tokens_details": {"cached_tokens": self.request.cached_tokens if self.request is not None else 0},
-            "output_tokens": self.assembler.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self.assembler.reasoning_tokens},
-        }
+        return Usage(
+            input_tokens=self.prompt_len,
+            cached_tokens=self.request.cached_tokens if self.request is not None else 0,
+            output_tokens=self.assembler.output_tokens,
+            reasoning_tokens=self.assembler.reasoning_tokens,
+        ).to_map()
 
     def _flush(self) -> None:
         if self._pending:

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from kiln.gateway.errors import ApiError
+from kiln.protocol.usage import Usage
 
 from .auth import Principal
 from .limits import Slot
@@ -31,19 +32,6 @@ from .metering import UsageEvent, UsageRecord
 from .service import Accounts
 
 log = logging.getLogger("kiln.gateway.accounts")
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def usage_counts(usage: Mapping[str, Any] | None) -> tuple[int, int, int]:
-    """(input, cached, output) tokens of a Responses ``usage`` object (zeros when absent)."""
-    if not isinstance(usage, Mapping):
-        return 0, 0, 0
-    details = usage.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
-    return _count(usage.get("input_tokens")), _count(cached), _count(usage.get("output_tokens"))
 
 
 class HostedTicket:
@@ -64,7 +52,7 @@ class HostedTicket:
     def settled(self) -> bool:
         return self._settled
 
-    async def settle(self, status: str, usage: Mapping[str, Any] | None = None) -> Decimal | None:
+    async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         """Write the final ledger row (once); the USD debited, or None when it could not be written.
 
         Shielded from cancellation: a client that leaves while the row is written does not stop the
@@ -72,16 +60,16 @@ class HostedTicket:
         if self._settled:
             return self.event.cost_usd if self.event is not None else None
         self._settled = True
-        inp, cached, out = usage_counts(usage)
+        counts = usage if isinstance(usage, Usage) else Usage.from_map(usage)
         record = UsageRecord(
             generation_id=self.generation_id,
             org_id=self.principal.org_id,
             key_prefix=self.principal.key_prefix,
             model=self.model,
             status=status,
-            input_tokens=inp,
-            cached_tokens=cached,
-            output_tokens=out,
+            input_tokens=counts.input_tokens,
+            cached_tokens=counts.cached_tokens,
+            output_tokens=counts.output_tokens,
             latency_ms=int((time.monotonic() - self.started_at) * 1000),
         )
         with anyio.CancelScope(shield=True):
