@@ -123,8 +123,11 @@ def _tools(tools: Any) -> list[dict] | None:
         for key in ("description", "parameters"):
             if fn.get(key) is not None:
                 entry[key] = fn[key]
-        # Chat's default is non-strict (Responses' is strict): the grammar then allows extra keys.
-        entry["strict"] = parse_bool(fn.get("strict"), f"{param}.function.strict") if fn.get("strict") is not None else False
+        # OpenAI's Chat default is non-strict; Kiln keeps its Responses default (strict) unless the
+        # client says ``strict: false``: a guarantee a client did not ask for breaks nothing, and a
+        # small model given an open schema can add keys until it runs out of tokens.
+        if fn.get("strict") is not None:
+            entry["strict"] = parse_bool(fn["strict"], f"{param}.function.strict")
         out.append(entry)
     return out
 

@@ -36,7 +36,7 @@ def test_roles_tools_and_results_become_items():
     assert [i["type"] for i in body["input"]] == ["message", "message", "message", "function_call", "function_call_output"]
     assert body["input"][1] == {"type": "message", "role": "developer", "content": "Use tools."}
     assert body["input"][3]["call_id"] == "call_1" and body["input"][4]["output"] == "sunny"
-    assert body["tools"][0]["name"] == "get_weather" and body["tools"][0]["strict"] is False
+    assert body["tools"][0]["name"] == "get_weather" and "strict" not in body["tools"][0]
     assert body["tool_choice"] == {"type": "function", "name": "get_weather"}
     assert body["parallel_tool_calls"] is False and body["store"] is False
     assert body["max_output_tokens"] == 10 and body["metadata"] == {"a": "b"}
