@@ -138,7 +138,8 @@ class ChatTranslator:
             out["usage"] = None  # every chunk but the last carries a null usage, as OpenAI's do
         return out
 
-    def opening(self) -> dict[str, Any]:
+    def opening(self) -> dict[str, Any] | None:
+        """The first chunk (the role), or None for a door without one."""
         return self.chunk({"role": "assistant", "content": ""})
 
     def finish_reason(self, status: str) -> str:

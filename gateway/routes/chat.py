@@ -10,7 +10,7 @@ so far, which is also the ``usage`` the client is shown.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -33,8 +33,14 @@ DONE = b"data: [DONE]\n\n"
 
 
 async def create_chat_completion(request: Request) -> Response:
+    return await serve_door(request, translate_chat, ChatTranslator)
+
+
+async def serve_door(request: Request, translate: Callable[[dict], ChatRequest], translator_class: type[ChatTranslator]) -> Response:
+    """A chat-shaped door (Chat Completions, legacy Completions): translate the body, admit,
+    validate and run it like ``/v1/responses``, and frame the run with ``translator_class``."""
     service = _service(request)
-    chat = translate_chat(await _read(request))
+    chat = translate(await _read(request))
     ticket = await admit(request, chat.body)
     watch = DisconnectWatch(request)
     try:
@@ -50,7 +56,7 @@ async def create_chat_completion(request: Request) -> Response:
         await watch.stop()
         await ticket.close()
         raise
-    translator = _translator(run, chat)
+    translator = translator_class(run.response.id, run.generation.model, logprobs=chat.logprobs, stop=chat.stop, include_usage=chat.include_usage)
     if chat.stream:
         if await watch.stop():
             await run.finish(client_gone=True)
@@ -72,10 +78,6 @@ async def create_chat_completion(request: Request) -> Response:
         await watch.stop()
         cost = await run.finish()  # before the body leaves: a client that got it is billed
     return JSONResponse(translator.completion(run.response.status, run.billable_usage(client_gone=False), cost))
-
-
-def _translator(run: ResponseRun, chat: ChatRequest) -> ChatTranslator:
-    return ChatTranslator(run.response.id, run.generation.model, logprobs=chat.logprobs, stop=chat.stop, include_usage=chat.include_usage)
 
 
 async def _translated(run: ResponseRun, translator: ChatTranslator) -> AsyncIterator[dict[str, Any]]:
@@ -104,7 +106,9 @@ async def _stream(run: ResponseRun, translator: ChatTranslator) -> AsyncIterator
     If the client goes away Starlette cancels this generator; its ``finally`` finishes the run as
     cut (the worker is told to stop, the delivered part is billed)."""
     try:
-        yield frame(translator.opening())
+        opening = translator.opening()
+        if opening is not None:
+            yield frame(opening)
         failure: GenerationFailed | None = None
         try:
             async for chunk in _translated(run, translator):

@@ -146,3 +146,16 @@ def test_refusals(openai_client):
     with pytest.raises(openai.BadRequestError) as err:
         openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10**9)
     assert err.value.param == "max_output_tokens"  # the shared validator's check, by its Responses name
+
+
+def test_legacy_completion_is_a_raw_continuation(openai_client):
+    prompt = "The capital of France is"
+    resp = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=2)
+    assert resp.object == "text_completion" and resp.choices[0].text
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=1)
+    assert resp.usage.prompt_tokens < chat.usage.prompt_tokens  # no chat template around the prompt
+    lp = resp.choices[0].logprobs
+    assert "".join(lp.tokens) == resp.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    streamed = "".join(c.choices[0].text for c in openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == resp.choices[0].text

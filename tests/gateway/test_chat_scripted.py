@@ -175,3 +175,34 @@ def test_failure_mid_stream_is_an_error_payload(plain):
     payloads = chat_stream(plain, {"model": MODEL, "messages": [{"role": "user", "content": "[[error]]"}]})
     assert payloads[-1] == "[DONE]" and "error" in payloads[-2]
     assert_error(payloads[-2])
+
+
+# -- legacy /v1/completions ---------------------------------------------------------------------------
+
+def test_legacy_completion_continues_the_raw_prompt(plain):
+    prompt = "Once upon a time"
+    resp = sdk(plain).completions.create(model=MODEL, prompt=prompt, max_tokens=64)
+    assert resp.object == "text_completion" and resp.id.startswith("cmpl-")
+    assert resp.choices[0].text == REPLY and resp.choices[0].finish_reason == "stop"
+    # The byte tokenizer counts exactly the prompt: no chat template was applied.
+    assert resp.usage.prompt_tokens == len(prompt.encode())
+    assert sdk(plain).completions.create(model=MODEL, prompt=[prompt]).choices[0].finish_reason == "length"  # 16 tokens by default
+
+
+def test_legacy_completion_stream_stop_and_usage(plain):
+    chunks = list(sdk(plain).completions.create(model=MODEL, prompt="x", max_tokens=64, stream=True, stop=["scripted"], stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello from Kiln's "
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens < len(REPLY.encode())
+    with httpx.Client(base_url=plain.base_url, timeout=30) as c:
+        with c.stream("POST", "/completions", json={"model": MODEL, "prompt": "x", "stream": True}) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+
+
+def test_legacy_completion_refusals(plain):
+    for extra, param in (({"n": 2}, "n"), ({"echo": True}, "echo"), ({"prompt": [[1, 2]]}, "prompt"), ({"prompt": ""}, "prompt"), ({"logprobs": 9}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk(plain).completions.create(**{"model": MODEL, "prompt": "x", **extra})
+        assert err.value.param == param
+        assert_error(err.value.response.json())
