@@ -140,3 +140,18 @@ def test_two_hundred_mixed_requests_reconcile(hosted):
     assert all(rows[g]["status"] in ("completed", "incomplete") for g in mine)
     stopped = [r for (_, b), r in zip(bodies, results) if b.get("stop") == "Kiln"]
     assert stopped and all(r["usage"]["completion_tokens"] < len("Kiln hosted gateway test reply. Kiln") for r in stopped)
+
+
+def test_legacy_completions_are_admitted_and_metered(hosted):
+    with httpx.Client(base_url=hosted.base_url, timeout=60) as c:
+        for path in ("/v1/completions", "/completions"):
+            r = c.post(path, json={"model": MODEL, "prompt": "hi"})
+            assert r.status_code == 401, r.text
+            assert_error(r.json())
+            assert c.post(path, json={"model": MODEL, "prompt": "hi"}, headers=auth(hosted.keys["broke"])).status_code == 402
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 6}, headers=auth(hosted.keys["acme"]))
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        row = ledger(hosted.db_url)[gen_id(r)]
+        assert (row["input_tokens"], row["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"]) == (2, 6)
+        assert usd_to_nanos(usage["cost"]) == row["cost_nanousd"] == chat_cost(usage)
