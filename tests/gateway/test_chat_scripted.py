@@ -206,3 +206,16 @@ def test_legacy_completion_refusals(plain):
             sdk(plain).completions.create(**{"model": MODEL, "prompt": "x", **extra})
         assert err.value.param == param
         assert_error(err.value.response.json())
+
+
+def test_sdk_stream_helper_assembles_the_final_completion(calling, thinking):
+    with sdk(calling).chat.completions.stream(model=MODEL, messages=HI, tools=TOOLS) as s:
+        kinds = {event.type for event in s}
+        final = s.get_final_completion()
+    assert "tool_calls.function.arguments.delta" in kinds
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert final.choices[0].finish_reason == "tool_calls"
+    with sdk(thinking).chat.completions.stream(model=MODEL, messages=HI) as s:
+        final = s.get_final_completion()
+    assert final.choices[0].message.content == "Hello there!"
