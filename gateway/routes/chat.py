@@ -22,7 +22,15 @@ from ..doors.chat_request import ChatRequest, translate_chat
 from ..generation import GenerationFailed, complete_usage
 from ..lifecycle import ResponseRun
 from ..response_object import zero_usage
-from .responses import ClientDisconnected, DisconnectWatch, _owner, _read, _service, _validated, _while_connected
+from .responses import (
+    ClientDisconnected,
+    DisconnectWatch,
+    _owner,
+    _read,
+    _service,
+    _validated,
+    _while_connected,
+)
 
 
 def frame(payload: dict[str, Any]) -> bytes:

@@ -14,10 +14,24 @@ from decimal import Decimal
 
 import httpx
 import pytest
+from kiln.gateway.accounts.money import usd_to_nanos
 
 from tests.conformance import assert_component, assert_error
-from tests.e2e.test_hosted_gateway import ADMIN_TOKEN, CATALOG, MODEL, REPLY, auth, credits_nanos, eventually_status, gen_id, ledger, new_org, parallel, run, start_hosted
-from kiln.gateway.accounts.money import usd_to_nanos
+from tests.e2e.test_hosted_gateway import (
+    ADMIN_TOKEN,
+    CATALOG,
+    MODEL,
+    REPLY,
+    auth,
+    credits_nanos,
+    eventually_status,
+    gen_id,
+    ledger,
+    new_org,
+    parallel,
+    run,
+    start_hosted,
+)
 
 PATHS = ("/v1/chat/completions", "/chat/completions")
 HI = [{"role": "user", "content": "Hello!"}]

@@ -194,9 +194,8 @@ def test_legacy_completion_stream_stop_and_usage(plain):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello from Kiln's "
     assert chunks[-2].choices[0].finish_reason == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens < len(REPLY.encode())
-    with httpx.Client(base_url=plain.base_url, timeout=30) as c:
-        with c.stream("POST", "/completions", json={"model": MODEL, "prompt": "x", "stream": True}) as r:
-            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    with httpx.Client(base_url=plain.base_url, timeout=30) as c, c.stream("POST", "/completions", json={"model": MODEL, "prompt": "x", "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
 
 
