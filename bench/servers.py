@@ -6,6 +6,9 @@ Peers:
   mlx_lm_f32     `python -m mlx_lm.server` on the GGUF dequantized to float32, OpenBLAS preloaded
   mlx_lm_q4      `python -m mlx_lm.server` on the GGUF's own 4-bit weights, stock (no preload)
   llama_cpp      `llama-server` or `python -m llama_cpp.server` on the GGUF itself, if installed
+  kiln_chat, kiln_scripted_chat
+                 the same Kiln servers measured through /v1/chat/completions instead of
+                 /v1/responses (what the Chat door adds; the same client as the chat peers)
 
 Each server runs in its own session (process group) so that stopping it stops its children.
 """
@@ -28,7 +31,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = ("kiln", "mlx_lm_f32", "mlx_lm_q4", "llama_cpp")
-ALL_PEERS = (*PEERS, "kiln_scripted")
+ALL_PEERS = (*PEERS, "kiln_scripted", "kiln_chat", "kiln_scripted_chat")
 
 
 class PeerUnavailable(RuntimeError):
@@ -76,6 +79,10 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
 
 
 def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None) -> ServerSpec:
+    if name in ("kiln_chat", "kiln_scripted_chat"):
+        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args)
+        spec.name, spec.api, spec.note = name, "chat", spec.note + ", through /v1/chat/completions"
+        return spec
     port = free_port()
     if name in ("kiln", "kiln_scripted"):
         argv = [*_kiln_exe(), "serve", "--port", str(port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}", *(kiln_args or [])]

@@ -151,7 +151,13 @@ def chat_template_tools(tools: list[dict]) -> list[dict]:
 
 
 def render(body: dict, template: ChatTemplate, options: RenderOptions, *, tools_prompt: str | None = None) -> str:
-    """The prompt text for a create body (its ``input`` already expanded by the gateway)."""
+    """The prompt text for a create body (its ``input`` already expanded by the gateway).
+
+    ``raw_prompt`` (set by the gateway's legacy ``/v1/completions`` door) is the prompt text
+    itself: a plain continuation, no chat template."""
+    raw = body.get("raw_prompt")
+    if isinstance(raw, str):
+        return raw
     tools = function_tools(body.get("tools") or [])
     if body.get("tool_choice") == "none":
         tools = []

@@ -40,6 +40,8 @@ METERED_PATHS = frozenset({
     "/v1/responses", "/responses",
     "/v1/responses/compact", "/responses/compact",
     "/v1/responses/input_tokens", "/responses/input_tokens",
+    "/v1/chat/completions", "/chat/completions",
+    "/v1/completions", "/completions",
 })
 OPEN_PATHS = frozenset({"/health"})
 GENERATION_HEADERS = (b"x-neocloud-generation-id", b"x-kiln-generation-id")

@@ -1,0 +1,135 @@
+"""``POST /v1/chat/completions``: the Chat Completions door, a thin adapter over ``ResponseRun``.
+
+The chat body is translated into a Responses create body (``doors/chat_request.py``), validated,
+admitted and run exactly like ``/v1/responses``; the run's events are translated back into chat
+chunks (``doors/chat.py``). Stop sequences are cut here: the worker has none, so when one appears
+the door cancels the generation and settles the response as completed with the tokens generated
+so far, which is also the ``usage`` the client is shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..admission import admit
+from ..doors.chat import ChatTranslator
+from ..doors.chat_request import ChatRequest, translate_chat
+from ..generation import GenerationFailed, complete_usage
+from ..lifecycle import ResponseRun
+from ..response_object import zero_usage
+from .responses import (
+    ClientDisconnected,
+    DisconnectWatch,
+    _owner,
+    _read,
+    _service,
+    _validated,
+    _while_connected,
+)
+
+
+def frame(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+async def create_chat_completion(request: Request) -> Response:
+    return await serve_door(request, translate_chat, ChatTranslator)
+
+
+async def serve_door(request: Request, translate: Callable[[dict], ChatRequest], translator_class: type[ChatTranslator]) -> Response:
+    """A chat-shaped door (Chat Completions, legacy Completions): translate the body, admit,
+    validate and run it like ``/v1/responses``, and frame the run with ``translator_class``."""
+    service = _service(request)
+    chat = translate(await _read(request))
+    ticket = await admit(request, chat.body)
+    watch = DisconnectWatch(request)
+    try:
+        body = _validated(request, chat.body)
+        generation, own_input = service.prepare(body, _owner(request))
+        run = ResponseRun(service, generation, own_input, ticket, streaming=chat.stream)
+        await _while_connected(watch, run.start())
+    except ClientDisconnected:
+        await watch.stop()
+        await ticket.close()
+        return Response(status_code=499)
+    except BaseException:
+        await watch.stop()
+        await ticket.close()
+        raise
+    translator = translator_class(run.response.id, run.generation.model, logprobs=chat.logprobs, stop=chat.stop, include_usage=chat.include_usage)
+    if chat.stream:
+        if await watch.stop():
+            await run.finish(client_gone=True)
+            return Response(status_code=499)
+        return StreamingResponse(
+            _stream(run, translator),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        await _while_connected(watch, _drain(run, translator))
+    except GenerationFailed as failure:
+        await run.finish()
+        raise failure.api_error()
+    except ClientDisconnected:
+        await run.finish(client_gone=True)
+        return Response(status_code=499)
+    finally:
+        await watch.stop()
+        cost = await run.finish()  # before the body leaves: a client that got it is billed
+    return JSONResponse(translator.completion(run.response.status, run.billable_usage(client_gone=False), cost))
+
+
+async def _translated(run: ResponseRun, translator: ChatTranslator) -> AsyncIterator[dict[str, Any]]:
+    """The run's chunks; at a stop sequence the generation is cancelled and, once its events end,
+    the response is settled as completed with what was generated (usage included)."""
+    async for event in run.events():
+        for chunk in translator.feed(event):
+            yield chunk
+        if translator.stopped and not run.generation.cancelled:
+            run.generation.cancel()
+    if translator.stopped and run.response.status == "cancelled":
+        delivered = run.generation.delivered_usage
+        run.response.finish("completed", complete_usage(delivered) if delivered else zero_usage())
+    for chunk in translator.flush():
+        yield chunk
+
+
+async def _drain(run: ResponseRun, translator: ChatTranslator) -> None:
+    async for _ in _translated(run, translator):
+        pass
+
+
+async def _stream(run: ResponseRun, translator: ChatTranslator) -> AsyncIterator[bytes]:
+    """The SSE body: chunks, the closing chunk with ``finish_reason``, the usage chunk when asked
+    for, ``[DONE]``. A failure mid-stream is sent as an error payload (the OpenAI SDKs raise it).
+    If the client goes away Starlette cancels this generator; its ``finally`` finishes the run as
+    cut (the worker is told to stop, the delivered part is billed)."""
+    try:
+        opening = translator.opening()
+        if opening is not None:
+            yield frame(opening)
+        failure: GenerationFailed | None = None
+        try:
+            async for chunk in _translated(run, translator):
+                yield frame(chunk)
+        except GenerationFailed as exc:
+            failure = exc
+        await run.finish()  # before the last chunks leave
+        if failure is not None:
+            yield frame(failure.api_error().body())
+        else:
+            yield frame(translator.closing(run.response.status))
+            if translator.include_usage:
+                yield frame(translator.usage_chunk(run.billable_usage(client_gone=False)))
+        yield DONE
+    finally:
+        await run.finish(client_gone=True)  # a no-op when the run finished above
