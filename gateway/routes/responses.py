@@ -41,6 +41,9 @@ async def _read(request: Request) -> dict:
     raw = await read_json(request, request.app.state.settings.max_body_bytes)
     if not isinstance(raw, dict):
         raise invalid("The request body must be a JSON object.")
+    # Set only by the legacy /v1/completions door on the body it builds (the worker then skips
+    # the chat template); never taken from a client.
+    raw.pop("raw_prompt", None)
     return raw
 
 
