@@ -112,7 +112,7 @@ class Generation:
         try:
             while True:
                 try:
-                    message = await asyncio.wait_for(self.channel.get(), timeout)
+                    message = await next_message(self.channel, timeout)
                 except asyncio.TimeoutError:
                     text = "The model backend did not answer in time."
                     self.response.fail("server_error", text)
@@ -165,10 +165,32 @@ def terminal_event(response: ResponseObject) -> dict[str, Any]:
     return {"type": kind, "response": response.snapshot()}
 
 
+async def next_message(channel: Channel, timeout_s: float | None) -> Any:
+    """The channel's next message; asyncio.TimeoutError after ``timeout_s`` (None: no bound).
+
+    Not ``asyncio.wait_for``: before Python 3.12 it can swallow the cancellation of its caller when
+    the message arrives in the same instant, and a request whose client left would then run on
+    to its end, holding its slot (messages arrive every few milliseconds while a worker streams)."""
+    if timeout_s is None:
+        return await channel.get()
+    if hasattr(asyncio, "timeout"):  # 3.11+
+        async with asyncio.timeout(timeout_s):
+            return await channel.get()
+    getter = asyncio.ensure_future(channel.get())
+    try:
+        done, _ = await asyncio.wait({getter}, timeout=timeout_s)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if not done:
+        raise asyncio.TimeoutError
+    return getter.result()
+
+
 async def reply(channel: Channel, timeout_s: float | None) -> Any:
     """The one message a single-answer request (count, compact) gets, within ``timeout_s``."""
     try:
-        return await asyncio.wait_for(channel.get(), timeout_s)
+        return await next_message(channel, timeout_s)
     except asyncio.TimeoutError:
         raise ApiError(504, "The model backend did not answer in time.", code="server_error") from None
 
