@@ -5,10 +5,11 @@ affine quantized layout (packed uint32 + per-32 scales/biases), which is the fas
 path and what the bundled model takes. It cannot read the K-quants (Q4_K, Q5_K,
 Q6_K, ...) that most downloaded GGUFs use (Q4_K_M mixes Q4_K and Q6_K), and it fails
 the whole file on one such tensor. So the types are looked at first (cheaply,
-`gguf.GGUFReader` maps the file), and a file with any type mlx cannot read is read
-through `gguf` instead: each quantized tensor is dequantized with the reference
-`gguf.quants.dequantize` to float16, the nearest dense layout mlx has, and the
-conversion is reported so the load can say what was done.
+`gguf_header` reads only the header), and a file with any type mlx cannot read is read
+through `gguf` instead: Q4_0/Q4_1/Q8_0 tensors are repacked losslessly
+into mlx's affine layout (as mx.load would), and every other quantized tensor is
+dequantized with the reference `gguf.quants.dequantize` to float16, the nearest
+dense layout mlx has; the conversion is reported so the load can say what was done.
 
 A tensor type neither path knows fails the load with the tensor's and type's name.
 """
@@ -22,6 +23,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+
+from .gguf_header import GGUFHeader, TensorInfo, read_header
 
 
 class UnsupportedTensorError(ValueError):
@@ -53,37 +56,72 @@ class GGUFContents:
         return ", ".join(parts)
 
 
-def _reader(path: Path) -> Any:
-    from gguf import GGUFReader
+def _metadata(header: GGUFHeader) -> dict[str, Any]:
+    """The key/value pairs in the shapes `mx.load(return_metadata=True)` gives them."""
+    return {k: mx.array(v) if isinstance(v, np.ndarray) else v for k, v in header.metadata.items()}
+
+
+def _type_name(type_id: int) -> str:
+    from gguf import GGMLQuantizationType
 
     try:
-        return GGUFReader(str(path))
-    except Exception as exc:  # gguf raises ValueError/struct.error/... on a bad file
-        raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"#{type_id}"
 
 
-def _metadata(reader: Any) -> dict[str, Any]:
-    """The key/value pairs in the shapes `mx.load(return_metadata=True)` gives them."""
-    md: dict[str, Any] = {}
-    for name, fld in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        value = fld.contents()
-        if isinstance(value, list) and value and not isinstance(value[0], str):
-            value = mx.array(value)  # numeric arrays (token types, scores) as mx.load does
-        md[name] = value
-    return md
+def _raw(mapped: np.ndarray, info: TensorInfo, type_name: str) -> np.ndarray:
+    """The tensor's stored bytes (quantized) or values, shaped as gguf-py shapes them."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    *rows, width = info.shape
+    row_bytes = width // block * size
+    count = int(np.prod(rows, dtype=np.int64)) * row_bytes
+    data = mapped[info.offset : info.offset + count]
+    if type_name in ("F32", "F16"):
+        return data.view(np.float32 if type_name == "F32" else np.float16).reshape(info.shape)
+    return data.reshape(*rows, row_bytes)
 
 
-def _dequantized(tensor: Any, type_name: str) -> mx.array:
-    from gguf import quants
+# Bytes per 32-element block and whether it carries a minimum (Q4_1) besides its scale.
+_AFFINE_BLOCKS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def _affine(data: np.ndarray, type_name: str) -> dict[str, mx.array]:
+    """A Q4_0/Q4_1/Q8_0 tensor repacked, losslessly, into mlx's affine layout (group 32).
+
+    Each GGML block is w = d * q + m over 32 elements, which is mlx's scale * q + bias:
+    Q8_0 stores signed q (mlx's q is unsigned: q + 128, bias -128 d), Q4_0 stores q with
+    an implicit -8, Q4_1 an explicit minimum. GGML keeps a block's low nibbles for its
+    first 16 elements; mlx packs consecutive elements two to a byte.
+    """
+    rows = data.shape[:-1]
+    blocks = data.reshape(*rows, -1, _AFFINE_BLOCKS[type_name])
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if type_name == "Q8_0":
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        bias = d * np.float16(-128)
+        packed = q
+    else:
+        nibbles = blocks[..., 4:] if type_name == "Q4_1" else blocks[..., 2:]
+        q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # elements 0..31
+        packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+        bias = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q4_1" else d * np.float16(-8)
+    weight = np.ascontiguousarray(packed.reshape(*rows, -1)).view(np.uint32)
+    return {"weight": mx.array(weight), "scales": mx.array(d), "biases": mx.array(bias)}
+
+
+def _tensor(data: np.ndarray, type_name: str) -> dict[str, mx.array] | mx.array:
+    from gguf import GGMLQuantizationType, quants
 
     if type_name == "F32":
-        return mx.array(np.asarray(tensor.data, dtype=np.float32))
+        return mx.array(data.astype(np.float32, copy=False))
     if type_name == "F16":
-        return mx.array(np.asarray(tensor.data, dtype=np.float16))
-    dense = quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
-    return mx.array(dense.astype(np.float16))
+        return mx.array(data.astype(np.float16, copy=False))
+    if type_name in _AFFINE_BLOCKS:
+        return _affine(data, type_name)
+    return mx.array(quants.dequantize(data, GGMLQuantizationType[type_name]).astype(np.float16))
 
 
 def read_gguf(path: str | Path) -> GGUFContents:
@@ -93,25 +131,38 @@ def read_gguf(path: str | Path) -> GGUFContents:
     ValueError for a file that is not GGUF.
     """
     path = Path(path)
-    reader = _reader(path)
+    try:
+        header = read_header(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
     types: Counter = Counter()
-    for tensor in reader.tensors:
-        type_name = tensor.tensor_type.name
+    names: dict[str, str] = {}
+    for info in header.tensors:
+        type_name = _type_name(info.type_id)
         if type_name not in SUPPORTED_TYPES:
             raise UnsupportedTensorError(
-                f"{path.name}: tensor {tensor.name!r} has GGML type {type_name}, which Kiln "
+                f"{path.name}: tensor {info.name!r} has GGML type {type_name}, which Kiln "
                 f"cannot load (supported: {', '.join(sorted(SUPPORTED_TYPES))})"
             )
         types[type_name] += 1
+        names[info.name] = type_name
 
     if set(types) <= MX_NATIVE_TYPES:
-        del reader  # release the mapping before mlx maps the file again
         try:
             tensors, metadata = mx.load(str(path), return_metadata=True)
         except Exception as exc:
             raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
         return GGUFContents(dict(tensors), dict(metadata), types)
 
-    tensors = {t.name: _dequantized(t, t.tensor_type.name) for t in reader.tensors}
-    conversions = {name: "float16" for name in types if name not in ("F32", "F16")}
-    return GGUFContents(tensors, _metadata(reader), types, conversions)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors: dict[str, mx.array] = {}
+    for info in header.tensors:
+        value = _tensor(_raw(mapped, info, names[info.name]), names[info.name])
+        if isinstance(value, dict):  # mlx's quantized triple, named as mx.load names it
+            base = info.name[: -len(".weight")] if info.name.endswith(".weight") else info.name
+            tensors.update({f"{base}.{part}": array for part, array in value.items()})
+        else:
+            tensors[info.name] = value
+    del mapped
+    conversions = {name: "float16" for name in types if name not in MX_NATIVE_TYPES}
+    return GGUFContents(tensors, _metadata(header), types, conversions)
