@@ -46,7 +46,14 @@ def main(**options) -> None:
 
         reexec_with_openblas(sys.argv)
     configure(options["log_level"])
-    server = build_server(options)
+    from .loading import ModelNotFoundError, UnsupportedModelError
+
+    try:
+        server = build_server(options)
+    except (ModelNotFoundError, UnsupportedModelError) as exc:
+        # The user named a model we cannot serve: say why in one line, no traceback.
+        log.critical("cannot load model: %s", exc)
+        sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:
         server.run()

@@ -19,16 +19,13 @@ from typing import Any, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import UnsupportedModelError
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf
 from .info import ModelInfo
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.worker.loading")
-
-
-class UnsupportedModelError(ValueError):
-    """The file is valid GGUF but not a model this loader can build."""
 
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
