@@ -12,6 +12,7 @@ from kiln.gateway.store.options import store_args, store_options, store_settings
 from .admin import keys, orgs
 from .codex_config import codex_config
 from .logs import configure
+from .models_cli import models
 
 # Hosted settings reach the gateway child as environment variables (not argv, where a database
 # password or the admin token would show in `ps`).
@@ -98,3 +99,4 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
 main.add_command(orgs)
 main.add_command(keys)
 main.add_command(codex_config)
+main.add_command(models)

@@ -83,3 +83,29 @@ def test_missing_hub_id_fails_the_start_naming_the_cache(hf_home, tmp_path):
     output = proc.stdout + proc.stderr
     assert "kiln-test/absent is not in the Hugging Face cache at " + str(hf_home / "hub") in output
     assert "Traceback" not in output
+
+
+def _kiln(hf_home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "kiln", "models", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_models_list_pull_rm(hf_home):
+    listed = _kiln(hf_home, "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert any(line.startswith("kiln-test/smollm2\t") for line in lines)
+    assert any(line.startswith("kiln-test/smollm2-GGUF\t") and "smollm2.Q4_1.gguf, smollm2.Q8_0.gguf" in line for line in lines)
+
+    pulled = _kiln(hf_home, "pull", "kiln-test/smollm2-GGUF:Q8_0")  # cached: offline is fine
+    assert pulled.returncode == 0 and pulled.stdout.strip().endswith("smollm2.Q8_0.gguf"), pulled.stderr
+    absent = _kiln(hf_home, "pull", "kiln-test/absent")
+    assert absent.returncode == 1 and "not in the Hugging Face cache at" in absent.stderr
+
+    removed = _kiln(hf_home, "rm", "--yes", "kiln-test/smollm2-GGUF")
+    assert removed.returncode == 0, removed.stderr
+    assert not (hf_home / "hub" / "models--kiln-test--smollm2-GGUF").exists()
+    assert "smollm2-GGUF" not in _kiln(hf_home, "list").stdout
+    again = _kiln(hf_home, "rm", "--yes", "kiln-test/smollm2-GGUF")
+    assert again.returncode == 1 and "is not in the cache" in again.stderr
