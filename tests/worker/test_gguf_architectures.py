@@ -103,3 +103,10 @@ def test_unsupported_tensor_type_fails_with_its_name(tmp_path, tokenizer_md, cas
     bad, _ = write_pair(case, "Q8_0", tokenizer_md, tmp_path, iq4_nl="blk.0.attn_output.weight")
     with pytest.raises(UnsupportedModelError, match=r"'blk\.0\.attn_output\.weight' has GGML type IQ4_NL"):
         load_model(str(bad))
+
+
+def test_sentencepiece_vocabulary_is_refused_by_name(tmp_path, tokenizer_md):
+    # Gemma's and older Mistral/Phi-3 GGUFs carry SentencePiece vocabularies: not rebuilt yet.
+    gguf_file, _ = write_pair("gemma2", "Q8_0", tokenizer_md, tmp_path, tokenizer_model="llama")
+    with pytest.raises(UnsupportedModelError, match="tokenizer model 'llama' is not supported"):
+        load_model(str(gguf_file))

@@ -147,10 +147,12 @@ def _encode(rng, name: str, w: np.ndarray, quant: str) -> tuple[np.ndarray, Q | 
 
 
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
-               config: Mapping[str, Any] | None = None, iq4_nl: str | None = None) -> tuple[Path, Path]:  # fmt: skip
+               config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
+               tokenizer_model: str | None = None) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
-    `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read).
+    `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
+    `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one).
     """
     import importlib
 
@@ -176,7 +178,7 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     writer.add_name(f"tiny-{case}")
     writer.add_file_type(_FILE_TYPE[quant])
     _hyper(writer, arch, cfg, vocab)
-    _tokenizer(writer, tokenizer_md)
+    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})})
     folder_weights: dict[str, mx.array] = {}
     for name, w in sorted(params.items()):
         if name.endswith("norm.weight"):

@@ -21,6 +21,7 @@ import mlx.nn as nn
 
 from . import UnsupportedModelError
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
+from .gguf_vocab import UnsupportedTokenizerError
 from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf
 from .info import ModelInfo
 from .tokenizer import Tokenizer
@@ -152,7 +153,10 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, Tokenizer, ModelInfo]:
         raise UnsupportedModelError(f"{path.name}: tensors do not match a {arch.name} model: {exc}") from exc
     mx.eval(model.parameters())
 
-    tokenizer = Tokenizer.from_gguf_metadata(md)
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(md)
+    except UnsupportedTokenizerError as exc:
+        raise UnsupportedModelError(f"{path.name}: {exc}") from exc
     file_type = scalar(md, "general.file_type")
     stored = contents.describe()
     if contents.conversions:
