@@ -13,6 +13,7 @@ from kiln.gateway.store.options import store_args, store_options, store_settings
 
 from .admin import keys, orgs
 from .codex_config import codex_config
+from .models_cli import models
 from kiln.protocol.logs import configure
 
 # Hosted settings reach the gateway child as environment variables (not argv, where a database
@@ -38,6 +39,7 @@ def main() -> None:
 @click.option("--port", default=8080, show_default=True, type=int, envvar="KILN_PORT", help="HTTP port.")
 @click.option("--model", default=None, envvar="KILN_MODEL", help="GGUF file or mlx-lm folder. Default: the bundled SmolLM2-135M-Instruct.")
 @click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name for the model (repeatable).")
+@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False), envvar="KILN_CONFIG", help="A kiln.toml with [[models]] tables: several models, each with its own workers (replaces --model, --model-alias and --workers).")
 @click.option("--workers", default=1, show_default=True, type=int, envvar="KILN_WORKERS", help="Worker processes to start (each loads the model).")
 @click.option("--workers-bind", default=None, envvar="KILN_WORKERS_BIND", help="ZeroMQ address between gateway and workers. Default: a private ipc:// socket of this server, so several servers on one machine never collide.")
 @click.option("--engine", type=click.Choice(["mlx", "scripted"]), default="mlx", show_default=True, envvar="KILN_ENGINE", help="scripted: weightless engine for tests and overhead benchmarks.")
@@ -45,7 +47,7 @@ def main() -> None:
 @click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
 @store_options
 @hosted_options
-def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], workers: int, workers_bind: str | None, engine: str, hosted_tools: str, log_level: str, **hosted_opts) -> None:
+def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], config_path: str | None, workers: int, workers_bind: str | None, engine: str, hosted_tools: str, log_level: str, **hosted_opts) -> None:
     """Start a gateway and WORKERS workers; restart workers that die; stop all on Ctrl-C.
 
     Every other gateway and worker setting reaches the children through its KILN_... environment
@@ -54,6 +56,18 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
     from .supervisor import build
 
     configure(log_level)
+    models = None
+    if config_path:
+        from .config import ConfigError, load_config
+
+        if model or model_alias:
+            raise click.UsageError("--config names the models: drop --model/--model-alias")
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc))
+        models = [(m.id.replace("/", "_"), m.worker_args(), m.workers) for m in config.models]
+        workers = sum(m.workers for m in config.models)
     store_opts = {k: hosted_opts.pop(k) for k in list(hosted_opts) if k == "store_mode" or k.startswith(("responses_", "conversation_"))}
     store_settings(dict(store_opts))  # validates (e.g. the ephemeral TTL) before anything starts
     for name, value in hosted_settings(host, hosted_opts).items():
@@ -86,7 +100,7 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
     # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
     click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops")
     try:
-        code = build(gateway_args=gateway_args, worker_args=worker_args, workers=workers).run()
+        code = build(gateway_args=gateway_args, worker_args=worker_args, workers=workers, models=models).run()
     finally:
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)
@@ -106,3 +120,4 @@ def private_runtime_dir() -> str:
 main.add_command(orgs)
 main.add_command(keys)
 main.add_command(codex_config)
+main.add_command(models)

@@ -254,8 +254,19 @@ def health_url(gateway_args: list[str]) -> str:
     return f"http://{host}:{port}/health"
 
 
-def build(*, gateway_args: list[str], worker_args: list[str], workers: int) -> Supervisor:
+def build(*, gateway_args: list[str], worker_args: list[str], workers: int,
+          models: list[tuple[str, list[str], int]] | None = None) -> Supervisor:  # fmt: skip
+    """The supervisor of one gateway and its workers.
+
+    Without `models`: `workers` workers all started with `worker_args`. With `models`
+    (name, model's own worker flags, count), each model gets its own workers, started with
+    `worker_args` plus its flags, and named `worker-<name>-<i>` in the log.
+    """
     python = sys.executable
     gateway = Child("gateway", [python, "-m", "kiln.gateway", *gateway_args])
-    children = [Child(f"worker-{i}", [python, "-m", "kiln.worker", *worker_args]) for i in range(workers)]
+    if models is None:
+        children = [Child(f"worker-{i}", [python, "-m", "kiln.worker", *worker_args]) for i in range(workers)]
+    else:
+        children = [Child(f"worker-{name}-{i}", [python, "-m", "kiln.worker", *worker_args, *own])
+                    for name, own, count in models for i in range(count)]  # fmt: skip
     return Supervisor(gateway, children, health_url=health_url(gateway_args))

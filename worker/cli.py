@@ -18,6 +18,8 @@ log = logging.getLogger("kiln.worker")
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--gateway", default=DEFAULT_WORKERS_ADDRESS, show_default=True, envvar="KILN_GATEWAY", help="ZeroMQ address of the gateway's worker socket.")
 @click.option("--model", default=None, envvar="KILN_MODEL", help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
+@click.option("--model-id", default=None, envvar="KILN_MODEL_ID", help="The id to serve the model under (default: from its file, folder or hub id).")
+@click.option("--context-length", default=None, type=int, envvar="KILN_CONTEXT_LENGTH", help="Serve at most this many tokens of context (default: the model's trained window).")
 @click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name clients may use for the model (repeatable).")
 @click.option("--weights", type=click.Choice(["auto", "native", "float32", "float16", "bfloat16"]), default="auto", show_default=True, envvar="KILN_WEIGHTS", help="Weight layout. auto: dequantized on the CPU, the model's own quantization on Metal/CUDA.")
 @click.option("--weight-layout", type=click.Choice(["auto", "stock", "input-major"]), default="auto", show_default=True, envvar="KILN_WEIGHT_LAYOUT", help="CPU only: how dense weights are stored for matmuls. auto measures both at start-up and keeps the faster.")
@@ -47,7 +49,14 @@ def main(**options) -> None:
 
         reexec_with_openblas(sys.argv)
     configure(options["log_level"])
-    server = build_server(options)
+    from .loading import ModelNotFoundError, UnsupportedModelError
+
+    try:
+        server = build_server(options)
+    except (ModelNotFoundError, UnsupportedModelError) as exc:
+        # The user named a model we cannot serve: say why in one line, no traceback.
+        log.critical("cannot load model: %s", exc)
+        sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:
         server.run()
@@ -83,9 +92,11 @@ def build_server(options: dict):
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
         scheduler = Scheduler(loaded.model, max_batch=options["max_batch"], queue_depth=options["queue_depth"], prefill_chunk=options["prefill_chunk"], cache_bytes=options["cache_bytes"], input_major_weights=_LAYOUTS[options["weight_layout"]])
-        model_id = loaded.model_id
-        aliases = sorted(set(loaded.aliases) | set(options["model_alias"]))
+        model_id = options.get("model_id") or loaded.model_id
+        aliases = sorted(set(loaded.aliases) | set(options["model_alias"]) | {loaded.model_id, model_id})
         window = loaded.context_window
+        if options.get("context_length"):
+            window = min(window, options["context_length"])
         extras = model_extras(tokenizer, options)
     scheduler.start()
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=options["max_output_tokens"])

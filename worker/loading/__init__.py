@@ -32,6 +32,10 @@ class ModelNotFoundError(FileNotFoundError):
     """The named model does not exist or is not a kind we can load."""
 
 
+class UnsupportedModelError(ValueError):
+    """The file is valid GGUF but not a model this loader can build (architecture, tensor type)."""
+
+
 @dataclass
 class LoadedModel:
     """A model ready to generate, and what the worker announces about it."""
@@ -70,8 +74,15 @@ def _model_id_for(path: Path) -> str:
     return name.lower()
 
 
+def _hub_id(model: str):
+    from .hub import parse_hub_id
+
+    return parse_hub_id(model)
+
+
 def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
-    """Load `model` (None: the bundled SmolLM2; a .gguf file; an mlx-lm folder).
+    """Load `model` (None: the bundled SmolLM2; a .gguf file; an mlx-lm folder; a hub id
+    `org/name[@revision][:QUANT]`, resolved through the Hugging Face cache by `hub.py`).
 
     `weights` is "auto", "native", "float32", "float16" or "bfloat16" (see
     `device.prepare_weights`). Raises ModelNotFoundError for a path that is
@@ -88,6 +99,13 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
         path = Path(model).expanduser()
         model_id = _model_id_for(path)
         aliases = [model_id]
+        hub = None if path.exists() else _hub_id(model)
+        if hub is not None:
+            from .hub import resolve
+
+            path = resolve(hub)  # HubModelError (a ModelNotFoundError) names the cache
+            model_id = hub.model_id
+            aliases = sorted({model_id, model_id.lower(), hub.repo.split("/", 1)[1].lower()})
 
     started = time.perf_counter()
     log.info("loading model %s from %s (weights=%s)", model_id, path, weights)
@@ -141,6 +159,7 @@ __all__ = [
     "BUNDLED_MODEL_ID",
     "LoadedModel",
     "ModelNotFoundError",
+    "UnsupportedModelError",
     "Tokenizer",
     "bundled_model_path",
     "load_model",

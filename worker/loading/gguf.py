@@ -1,33 +1,35 @@
-"""Load a llama-architecture GGUF file into mlx-lm's llama model.
+"""Load a GGUF file into the matching mlx-lm model class.
 
-`mx.load` already reads GGUF tensors into mlx's quantized layout (packed
-uint32 weights + per-group scales/biases; Q4_0/Q4_1 as 4-bit, Q8_0 as 8-bit,
-group size 32), so loading is a matter of translating the hyperparameters to
-`mlx_lm.models.llama.ModelArgs`, renaming tensors, and quantizing exactly the
-modules the file stored quantized, each with the bits/group size its tensors
-imply. GGUF stores Q/K rows permuted for interleaved RoPE, which is mlx's
-`traditional=True`.
+`gguf_read.read_gguf` gives the tensors (Q4_0/Q4_1/Q8_0 in mlx's quantized
+layout, K-quants dequantized to float16) and metadata; `gguf_arch` says which
+mlx-lm class, arguments and tensor names each architecture uses. Loading is then
+renaming tensors, undoing the converter's weight changes, and quantizing exactly
+the modules the file stored quantized, each with the bits/group size its tensors
+imply.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import llama
 
+from . import UnsupportedModelError
+from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
+from .gguf_vocab import UnsupportedTokenizerError
+from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf
 from .info import ModelInfo
 from .tokenizer import Tokenizer
 
-
-class UnsupportedModelError(ValueError):
-    """The file is valid GGUF but not a model this loader can build."""
+log = logging.getLogger("kiln.worker.loading")
 
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 # llama.cpp `general.file_type`, for logs and the model listing.
 _FILE_TYPES = {
@@ -36,72 +38,21 @@ _FILE_TYPES = {
     15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
 }  # fmt: skip
 
-# GGUF tensor name (after "blk.N.") -> mlx-lm module path (after "model.layers.N.").
-_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_TOP_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|scales|biases|bias)$")
 _TOP_RE = re.compile(r"^([a-z_]+)\.(weight|scales|biases|bias)$")
 
 
-def _scalar(md: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    value = md.get(key, default)
-    return value.item() if hasattr(value, "item") else value
-
-
-def _mlx_name(gguf_name: str) -> str | None:
+def _mlx_name(gguf_name: str, block_names: Mapping[str, str]) -> str | None:
     """The mlx-lm parameter name for a GGUF tensor, or None to drop it."""
     if m := _BLOCK_RE.match(gguf_name):
         layer, part, kind = m.groups()
-        target = _BLOCK_NAMES.get(part)
+        target = block_names.get(part)
         return None if target is None else f"model.layers.{layer}.{target}.{kind}"
     if m := _TOP_RE.match(gguf_name):
         part, kind = m.groups()
-        target = _TOP_NAMES.get(part)
+        target = TOP_NAMES.get(part)
         return None if target is None else f"{target}.{kind}"
     return None
-
-
-def _model_args(md: Mapping[str, Any], weights: Mapping[str, mx.array]) -> llama.ModelArgs:
-    arch = "llama"
-    n_heads = int(_scalar(md, f"{arch}.attention.head_count"))
-    hidden = int(_scalar(md, f"{arch}.embedding_length"))
-    key_len = _scalar(md, f"{arch}.attention.key_length")
-    vocab = _scalar(md, f"{arch}.vocab_size")
-    if vocab is None:
-        vocab = len(md["tokenizer.ggml.tokens"])
-    rope_scaling = None
-    if _scalar(md, f"{arch}.rope.scaling.type") == "linear":
-        rope_scaling = {"type": "linear", "factor": float(_scalar(md, f"{arch}.rope.scaling.factor"))}
-    return llama.ModelArgs(
-        model_type="llama",
-        hidden_size=hidden,
-        num_hidden_layers=int(_scalar(md, f"{arch}.block_count")),
-        intermediate_size=int(_scalar(md, f"{arch}.feed_forward_length")),
-        num_attention_heads=n_heads,
-        num_key_value_heads=int(_scalar(md, f"{arch}.attention.head_count_kv", n_heads)),
-        rms_norm_eps=float(_scalar(md, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        vocab_size=int(vocab),
-        head_dim=int(key_len) if key_len is not None else None,
-        max_position_embeddings=int(_scalar(md, f"{arch}.context_length", 2048)),
-        rope_theta=float(_scalar(md, f"{arch}.rope.freq_base", 10000.0)),
-        rope_traditional=True,
-        rope_scaling=rope_scaling,
-        tie_word_embeddings="output.weight" not in weights,
-    )
 
 
 class _FactorRoPE(nn.Module):
@@ -138,52 +89,84 @@ def _quant_params(path: str, weights: Mapping[str, mx.array], module: nn.Module)
     }
 
 
-def load_gguf(path: str | Path) -> tuple[nn.Module, Tokenizer, ModelInfo]:
-    """Build mlx-lm's llama `Model`, our `Tokenizer` and `ModelInfo` from a GGUF file.
+def _rename(contents: GGUFContents, arch: Architecture) -> dict[str, mx.array]:
+    weights: dict[str, mx.array] = {}
+    for name, value in contents.tensors.items():
+        target = _mlx_name(name, arch.block_names)
+        if target is None:
+            continue
+        if arch.norm_offset and target.endswith("norm.weight"):
+            value = value.astype(mx.float32) - arch.norm_offset
+        weights[target] = value
+    return weights
 
-    The weights stay in the file's quantized layout; `device.prepare_weights`
-    decides later whether to dequantize them for the CPU.
+
+def _build(arch: Architecture, args: dict[str, Any]) -> nn.Module:
+    models = importlib.import_module(f"mlx_lm.models.{arch.module}")
+    return models.Model(models.ModelArgs.from_dict(args))
+
+
+def load_gguf(path: str | Path) -> tuple[nn.Module, Tokenizer, ModelInfo]:
+    """Build the mlx-lm `Model`, our `Tokenizer` and `ModelInfo` from a GGUF file.
+
+    Quantized weights stay in mlx's quantized layout where the file's type has one;
+    `device.prepare_weights` decides later whether to dequantize them for the CPU.
     """
     path = Path(path)
     try:
-        raw, md = mx.load(str(path), return_metadata=True)
-    except Exception as exc:  # mlx raises plain RuntimeError/ValueError for bad files
-        raise UnsupportedModelError(f"cannot read GGUF {path}: {exc}") from exc
+        contents = read_gguf(path)
+    except UnsupportedTensorError as exc:
+        raise UnsupportedModelError(str(exc)) from exc
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from exc
+    md = contents.metadata
 
-    arch = md.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    arch_name = md.get("general.architecture")
+    arch = ARCHITECTURES.get(str(arch_name))
+    if arch is None:
         raise UnsupportedModelError(
-            f"{path.name}: GGUF architecture {arch!r} is not supported "
+            f"{path.name}: GGUF architecture {arch_name!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
+    if arch.name == "phi3" and "rope_factors_long.weight" in contents.tensors:
+        raise UnsupportedModelError(
+            f"{path.name}: phi3 with long-context RoPE factors (rope_factors_long) is not supported"
+        )
 
-    weights: dict[str, mx.array] = {}
-    for name, value in raw.items():
-        target = _mlx_name(name)
-        if target is not None:
-            weights[target] = value
-    rope_factors = raw.get("rope_freqs.weight")
-
-    args = _model_args(md, raw)
-    model = llama.Model(args)
+    weights = _rename(contents, arch)
+    try:
+        args = arch.model_args(md, has_output="output.weight" in contents.tensors)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedModelError(f"{path.name}: {arch.name} hyperparameters missing or invalid: {exc}") from exc
+    model = _build(arch, args)
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)  # e.g. gemma3 drops its head when tied
     nn.quantize(model, class_predicate=lambda p, m: _quant_params(p, weights, m))
-    if rope_factors is not None:
-        head_dim = args.head_dim or args.hidden_size // args.num_attention_heads
+    rope_factors = contents.tensors.get("rope_freqs.weight")
+    if rope_factors is not None and arch.name == "llama":
         for layer in model.model.layers:
-            layer.self_attn.rope = _FactorRoPE(head_dim, args.rope_theta, rope_factors)
+            layer.self_attn.rope = _FactorRoPE(args["head_dim"], args["rope_theta"], rope_factors)
     model.eval()
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
-        raise UnsupportedModelError(f"{path.name}: tensors do not match a llama model: {exc}") from exc
+        raise UnsupportedModelError(f"{path.name}: tensors do not match a {arch.name} model: {exc}") from exc
     mx.eval(model.parameters())
 
-    tokenizer = Tokenizer.from_gguf_metadata(md)
-    file_type = _scalar(md, "general.file_type")
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(md)
+    except UnsupportedTokenizerError as exc:
+        raise UnsupportedModelError(f"{path.name}: {exc}") from exc
+    file_type = scalar(md, "general.file_type")
+    stored = contents.describe()
+    if contents.conversions:
+        log.info("%s: %s (mlx has no layout for %s: dequantized)", path.name, stored,
+                 ", ".join(sorted(contents.conversions)))  # fmt: skip
     info = ModelInfo(
-        architecture=str(arch),
+        architecture=arch.name,
         name=md.get("general.name"),
-        context_window=args.max_position_embeddings or 2048,
+        context_window=int(scalar(md, f"{arch.name}.context_length", DEFAULT_CONTEXT)),
         quantization=f"gguf:{_FILE_TYPES.get(file_type, file_type)}",
+        extra={"tensor_types": stored, "conversions": dict(contents.conversions)},
     )
     return model, tokenizer, info

@@ -1,0 +1,130 @@
+"""``kiln serve --config``: two models behind one endpoint, each on its own workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kiln.config import ConfigError, load_config
+from tests.support import free_port
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    import mlx.core as mx
+
+    from kiln.worker.loading import bundled_model_path
+    from tests.worker.tiny_gguf import write_pair
+
+    _, md = mx.load(str(bundled_model_path()), return_metadata=True)
+    gguf_file, _ = write_pair("qwen3", "Q8_0", md, tmp_path_factory.mktemp("qwen3"))
+    return gguf_file
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def _health(base: str) -> list[dict]:
+    try:
+        return httpx.get(base + "/health", timeout=2).json()["workers"]
+    except (httpx.HTTPError, ValueError):
+        return []
+
+
+def test_two_models_from_one_config(tmp_path, tiny_qwen3):
+    from kiln.worker.loading import bundled_model_path
+
+    config = tmp_path / "kiln.toml"
+    config.write_text(f'''
+[[models]]
+id = "smollm2"
+source = "{bundled_model_path()}"
+aliases = ["small"]
+workers = 1
+
+[[models]]
+id = "tiny-qwen3"
+source = "{tiny_qwen3.name}"   # relative to the config file's folder
+workers = 2
+context_length = 512
+max_batch = 2
+''')
+    (tmp_path / tiny_qwen3.name).symlink_to(tiny_qwen3)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln", "serve", "--port", str(port), "--workers-bind",
+         f"tcp://127.0.0.1:{free_port()}", "--config", str(config)],
+        env=env, stdout=open(tmp_path / "serve.out", "wb"), stderr=open(tmp_path / "serve.log", "wb"),
+    )  # fmt: skip
+    try:
+        assert _wait(lambda: len(_health(base)) == 3, 240), (tmp_path / "serve.log").read_text()[-3000:]
+        by_model: dict[str, int] = {}
+        for w in _health(base):
+            by_model[w["model"]] = by_model.get(w["model"], 0) + 1
+        assert by_model == {"smollm2": 1, "tiny-qwen3": 2}
+
+        models = {m["id"]: m for m in httpx.get(base + "/v1/models", timeout=5).json()["data"]}
+        assert set(models) == {"smollm2", "tiny-qwen3"}
+        assert models["smollm2"]["context_window"] == 8192
+        assert models["tiny-qwen3"]["context_window"] == 512  # capped by context_length
+        assert "small" in models["smollm2"]["aliases"]
+
+        for name, expected in (("small", "smollm2"), ("smollm2", "smollm2"), ("tiny-qwen3", "tiny-qwen3")):
+            r = httpx.post(base + "/v1/responses", timeout=120,
+                           json={"model": name, "input": "What is the capital of France?", "max_output_tokens": 12, "temperature": 0})  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == expected
+            if expected == "smollm2":
+                assert "Paris" in r.json()["output"][0]["content"][0]["text"]
+        missing = httpx.post(base + "/v1/responses", timeout=10, json={"model": "gpt-4o", "input": "hi"})
+        assert missing.status_code == 404
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "needs at least one [[models]]"),
+        ('[[models]]\nid = "a"\n', "source is required"),
+        ('[[models]]\nid = "a"\nsource = "x"\nworkrs = 2\n', "unknown key 'workrs'"),
+        ('[[models]]\nid = "a"\nsource = "x"\nworkers = 0\n', "workers must be at least 1"),
+        ('[[models]]\nid = "a"\nsource = "x"\n[[models]]\nid = "b"\nsource = "y"\naliases = ["a"]\n', "'a' is used by both"),
+        ('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\n', "not supported yet"),
+        ("[[models]\n", "not valid TOML"),
+    ],
+)
+def test_config_errors_say_where(tmp_path, text, message):
+    path = tmp_path / "kiln.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(path)
+
+
+def test_serve_refuses_a_bad_config_before_starting(tmp_path):
+    path = tmp_path / "kiln.toml"
+    path.write_text('[[models]]\nid = "a"\n')
+    proc = subprocess.run([sys.executable, "-m", "kiln", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "source is required" in proc.stderr and "Traceback" not in proc.stderr

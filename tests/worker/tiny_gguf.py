@@ -1,0 +1,217 @@
+"""Tiny random-weight models of each GGUF architecture, written both ways.
+
+`write_pair(arch, quant, tokenizer_md, out)` builds an mlx-lm model with random
+weights, quantizes its matrices with the `gguf` package (or, for the K-quants
+the package cannot encode, draws random valid blocks), and writes
+- a GGUF file as llama.cpp's converter lays it out (Gemma norms as 1 + w), and
+- an mlx-lm folder holding exactly the weights the GGUF decodes to (gguf-py's
+  reference dequantization), so both must generate the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, quants
+
+from kiln.worker.loading.gguf_arch import ARCHITECTURES, TOP_NAMES
+
+# A ChatML template that renders tools, tool calls and tool results (Qwen-style).
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=1024,
+             rope_theta=10000.0)  # fmt: skip
+
+# mlx-lm config per test case; "arch" is the GGUF architecture it is written as.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(_BASE, model_type="llama", rope_traditional=True, tie_word_embeddings=True),
+    # Mistral is written by llama.cpp as the llama architecture (here: untied head, 8k context).
+    "mistral": dict(_BASE, model_type="llama", rope_traditional=True, tie_word_embeddings=False,
+                    max_position_embeddings=8192, num_key_value_heads=1),
+    "qwen2": dict({k: v for k, v in _BASE.items() if k != "head_dim"}, model_type="qwen2",
+                  tie_word_embeddings=True),
+    "qwen3": dict(_BASE, model_type="qwen3", tie_word_embeddings=True),
+    "qwen3moe": dict(_BASE, model_type="qwen3_moe", tie_word_embeddings=False, num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1,
+                     mlp_only_layers=[], norm_topk_prob=True),
+    "phi3": dict({k: v for k, v in _BASE.items() if k != "head_dim"}, model_type="phi3",
+                 num_key_value_heads=4, tie_word_embeddings=False, partial_rotary_factor=1.0,
+                 original_max_position_embeddings=1024),
+    "gemma2": dict({k: v for k, v in _BASE.items() if k != "max_position_embeddings"}, model_type="gemma2",
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16.0),
+    "gemma3": dict(_BASE, model_type="gemma3_text", rope_theta=1_000_000.0, rope_local_base_freq=10000.0,
+                   query_pre_attn_scalar=16.0, sliding_window=512, sliding_window_pattern=6,
+                   num_hidden_layers=6),  # mlx-lm's gemma3 needs a full local/global pattern
+}  # fmt: skip
+GGUF_ARCH = {"mistral": "llama"}
+
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "K": 15}  # K: like Q4_K_M
+_K_BLOCK = {Q.Q4_K: (144, 0), Q.Q5_K: (176, 0), Q.Q6_K: (210, 208)}  # bytes per block, offset of d
+
+
+def _hyper(writer: GGUFWriter, arch: str, cfg: Mapping[str, Any], vocab: int) -> None:
+    a = arch
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    writer.add_uint32(f"{a}.context_length", cfg.get("max_position_embeddings", 8192))
+    writer.add_uint32(f"{a}.embedding_length", cfg["hidden_size"])
+    writer.add_uint32(f"{a}.block_count", cfg["num_hidden_layers"])
+    writer.add_uint32(f"{a}.feed_forward_length", cfg["intermediate_size"])
+    writer.add_uint32(f"{a}.attention.head_count", heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", cfg["num_key_value_heads"])
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    writer.add_float32(f"{a}.rope.freq_base", cfg["rope_theta"])
+    writer.add_uint32(f"{a}.attention.key_length", head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", head_dim)
+    writer.add_uint32(f"{a}.rope.dimension_count", head_dim)
+    writer.add_uint32(f"{a}.vocab_size", vocab)
+    if a == "qwen3moe":
+        writer.add_uint32(f"{a}.expert_count", cfg["num_experts"])
+        writer.add_uint32(f"{a}.expert_used_count", cfg["num_experts_per_tok"])
+        writer.add_uint32(f"{a}.expert_feed_forward_length", cfg["moe_intermediate_size"])
+    if a == "gemma2":
+        writer.add_float32(f"{a}.attn_logit_softcapping", cfg["attn_logit_softcapping"])
+        writer.add_float32(f"{a}.final_logit_softcapping", cfg["final_logit_softcapping"])
+    if a == "gemma3":
+        writer.add_uint32(f"{a}.attention.sliding_window", cfg["sliding_window"])
+
+
+def _tokenizer(writer: GGUFWriter, md: Mapping[str, Any]) -> None:
+    writer.add_tokenizer_model(str(md["tokenizer.ggml.model"]))
+    writer.add_tokenizer_pre(str(md["tokenizer.ggml.pre"]))
+    writer.add_token_list(list(md["tokenizer.ggml.tokens"]))
+    writer.add_token_types([int(t) for t in md["tokenizer.ggml.token_type"].tolist()])
+    writer.add_token_merges(list(md["tokenizer.ggml.merges"]))
+    writer.add_bos_token_id(int(md["tokenizer.ggml.bos_token_id"].item()))
+    writer.add_eos_token_id(int(md["tokenizer.ggml.eos_token_id"].item()))
+    writer.add_chat_template(TOOLS_TEMPLATE)
+
+
+def _inverse_names(arch: str) -> dict[str, str]:
+    """mlx-lm parameter name -> GGUF tensor name, for this architecture."""
+    spec = ARCHITECTURES[arch]
+    return {v: k for k, v in spec.block_names.items()}, {v: k for k, v in TOP_NAMES.items()}
+
+
+def _gguf_name(name: str, block: Mapping[str, str], top: Mapping[str, str]) -> str:
+    module, kind = name.rsplit(".", 1)
+    if module.startswith("model.layers."):
+        _, _, layer, rest = module.split(".", 3)
+        return f"blk.{layer}.{block[rest]}.{kind}"
+    return f"{top[module]}.{kind}"
+
+
+def _k_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: Q) -> np.ndarray:
+    """Random valid K-quant blocks (small positive super-block scales)."""
+    size, d_at = _K_BLOCK[qtype]
+    n_blocks = shape[-1] // 256
+    blocks = rng.integers(0, 256, size=(*shape[:-1], n_blocks, size), dtype=np.uint8)
+    d = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    blocks[..., d_at : d_at + 2] = d
+    if d_at == 0:  # Q4_K / Q5_K: dmin too
+        blocks[..., 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+    return blocks.reshape(*shape[:-1], n_blocks * size)
+
+
+def _encode(rng, name: str, w: np.ndarray, quant: str) -> tuple[np.ndarray, Q | None]:
+    """The stored bytes (or floats) of one tensor and its GGML type (None: plain F32)."""
+    is_matrix = w.ndim >= 2 and not name.endswith("norm.weight")
+    if not is_matrix or quant == "F32":
+        return w.astype(np.float32), None
+    if quant == "F16":
+        return w.astype(np.float16), None
+    if quant == "K":  # like Q4_K_M: K blocks where rows are 256 wide, else Q8_0
+        if w.shape[-1] % 256 == 0:
+            layer = int(name.split(".")[2]) if name.startswith("model.layers.") else 0
+            qtype = (Q.Q4_K, Q.Q6_K, Q.Q5_K)[layer % 3]
+            return _k_blocks(rng, w.shape, qtype), qtype
+        qtype = Q.Q8_0
+    else:
+        qtype = Q[quant]
+    return quants.quantize(w.astype(np.float32), qtype), qtype
+
+
+def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
+               config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
+               tokenizer_model: str | None = None) -> tuple[Path, Path]:  # fmt: skip
+    """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
+
+    `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
+    `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one).
+    """
+    import importlib
+
+    from mlx.utils import tree_flatten
+
+    arch = GGUF_ARCH.get(case, case)
+    cfg = dict(config or CONFIGS[case])
+    if quant == "K":  # K blocks are 256 wide: make ffn_down that wide, one layer per K type
+        cfg.update(intermediate_size=256, num_hidden_layers=max(3, cfg["num_hidden_layers"]))
+    vocab = len(tokenizer_md["tokenizer.ggml.tokens"])
+    cfg["vocab_size"] = vocab
+    rng = np.random.default_rng(seed)
+    mx.random.seed(seed)
+    models = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+    model = models.Model(models.ModelArgs.from_dict(cfg))
+    params = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    if cfg["model_type"] == "gemma3_text" and cfg.get("tie_word_embeddings", True):
+        params.pop("lm_head.weight", None)
+
+    block, top = _inverse_names(arch)
+    gemma = ARCHITECTURES[arch].norm_offset
+    writer = GGUFWriter(str(out / f"{case}-{quant}.gguf"), arch)
+    writer.add_name(f"tiny-{case}")
+    writer.add_file_type(_FILE_TYPE[quant])
+    _hyper(writer, arch, cfg, vocab)
+    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})})
+    folder_weights: dict[str, mx.array] = {}
+    for name, w in sorted(params.items()):
+        if name.endswith("norm.weight"):
+            w = (1.0 + 0.1 * rng.standard_normal(w.shape)).astype(np.float32)
+        else:
+            w = (0.08 * rng.standard_normal(w.shape)).astype(np.float32)
+        stored, qtype = _encode(rng, name, w, quant)
+        if qtype is None:
+            decoded = stored.astype(np.float32)
+        else:
+            decoded = quants.dequantize(stored, qtype).astype(np.float32)
+            if qtype in _K_BLOCK:  # what Kiln serves a K-quant as: float16
+                decoded = decoded.astype(np.float16).astype(np.float32)
+        folder_weights[name] = mx.array(decoded)
+        on_disk = stored + gemma if gemma and name.endswith("norm.weight") else stored
+        gguf_name = _gguf_name(name, block, top)
+        if gguf_name == iq4_nl:  # 18 bytes per 32 weights
+            on_disk, qtype = np.zeros((*w.shape[:-1], w.shape[-1] // 32 * 18), np.uint8), Q.IQ4_NL
+        writer.add_tensor(gguf_name, on_disk, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    folder = out / f"{case}-{quant}-mlx"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [0, 2]}))
+    mx.save_safetensors(str(folder / "model.safetensors"), folder_weights)
+    from kiln.worker.loading.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf_metadata(tokenizer_md)
+    tok.hf_tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TOOLS_TEMPLATE,
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False}))  # fmt: skip
+    return out / f"{case}-{quant}.gguf", folder
