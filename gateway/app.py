@@ -19,6 +19,7 @@ from .edge import EdgeMiddleware
 from .errors import ApiError
 from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from .request_log import install_request_log
+from .routes.anthropic import count_message_tokens, create_message
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
@@ -45,6 +46,8 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
         ("/responses/{response_id}", delete_response, ["DELETE"]),
         ("/responses/{response_id}/cancel", cancel_response, ["POST"]),
         ("/responses/{response_id}/input_items", list_input_items, ["GET"]),
+        ("/messages", create_message, ["POST"]),
+        ("/messages/count_tokens", count_message_tokens, ["POST"]),
         ("/models", list_models, ["GET"]),
         ("/models/{model:path}", get_model, ["GET"]),
     ]

@@ -1,0 +1,178 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API as a thin door
+onto the same ResponseRun lifecycle as ``/v1/responses`` (admission, worker, store-less, billing).
+
+Errors leave in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, with the
+status the gateway chose: the app's handler would render OpenAI's, so every ApiError is caught
+here. (The hosted middleware's refusals on these paths use the same shape; see accounts.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..admission import admit
+from ..compaction import expand_items
+from ..doors.anthropic import MessageTranslator, MessagesRequest, error_body, to_responses_body
+from ..errors import ApiError
+from ..generation import GenerationFailed, count_tokens as worker_count_tokens
+from ..history import expand
+from ..lifecycle import ResponseRun
+from .responses import ClientDisconnected, DisconnectWatch, _owner, _read, _service, _validated, _while_connected
+
+
+def _error(error: ApiError) -> JSONResponse:
+    headers = {k: v for k, v in error.headers.items()}
+    return JSONResponse(error_body(error.status, error.message), status_code=error.status, headers=headers)
+
+
+def _frame(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
+    """The usage the client is told, which is the usage billed: the final one for a finished
+    response, the running one for a generation stopped at a stop sequence."""
+    if run.response.status in ("completed", "incomplete"):
+        return run.response.data.get("usage")
+    return run.generation.delivered_usage
+
+
+def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
+    sealer = _service(request).sealer
+    return MessageTranslator(
+        spec.model,
+        stop_sequences=spec.stop_sequences,
+        show_thinking=spec.show_thinking,
+        seal=lambda text: sealer.seal("reasoning", {"text": text}),
+    )
+
+
+async def create_message(request: Request) -> Response:
+    try:
+        return await _create(request)
+    except ApiError as error:
+        return _error(error)
+
+
+async def _create(request: Request) -> Response:
+    service = _service(request)
+    raw = await _read(request)
+    spec = to_responses_body(raw)
+    ticket = await admit(request, spec.body)
+    watch = DisconnectWatch(request)
+    try:
+        body = _validated(request, spec.body)
+        generation, own_input = service.prepare(body, _owner(request))
+        run = ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
+        await _while_connected(watch, run.start())
+    except ClientDisconnected:
+        await watch.stop()
+        await ticket.close()
+        return Response(status_code=499)
+    except BaseException:
+        await watch.stop()
+        await ticket.close()
+        raise
+    translator = _translator(request, spec)
+    if spec.stream:
+        if await watch.stop():
+            await run.finish(client_gone=True)
+            return Response(status_code=499)
+        return StreamingResponse(
+            _stream(run, translator),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        await _while_connected(watch, _drain(run, translator))
+    except GenerationFailed as failure:
+        await run.finish()
+        raise failure.api_error()
+    except ClientDisconnected:
+        await run.finish(client_gone=True)
+        return Response(status_code=499)
+    finally:
+        await watch.stop()
+        cost = await run.finish()  # before the body leaves: a client that got it is billed
+    message = translator.message(run.response.status, _final_usage(run))
+    if cost is not None:
+        message["usage"]["cost"] = float(cost)
+    return JSONResponse(message)
+
+
+async def _drain(run: ResponseRun, translator: MessageTranslator) -> None:
+    stopping = False
+    async for event in run.events():
+        translator.feed(event)
+        if translator.stopped and not stopping:
+            stopping = True
+            run.generation.cancel()  # the rest of the queue is read and dropped; ends cancelled
+
+
+async def _stream(run: ResponseRun, translator: MessageTranslator) -> AsyncIterator[bytes]:
+    """The SSE body. ``message_start`` waits for the worker's first message so that it carries
+    the prompt's token count; a client that leaves cancels this generator, whose ``finally``
+    finishes the run as cut."""
+    started = False
+    stopping = False
+    try:
+        try:
+            async for event in run.events():
+                if not started:
+                    started = True
+                    for out in translator.start_events(run.generation.delivered_usage):
+                        yield _frame(out)
+                for out in translator.feed(event):
+                    yield _frame(out)
+                if translator.stopped and not stopping:
+                    stopping = True
+                    run.generation.cancel()
+        except GenerationFailed as failure:
+            await run.finish()
+            yield _frame(error_body(failure.http_status, failure.message))
+            return
+        await run.finish()  # before the last events leave
+        if not started:
+            for out in translator.start_events(run.generation.delivered_usage):
+                yield _frame(out)
+        for out in translator.end_events(run.response.status, _final_usage(run)):
+            yield _frame(out)
+    finally:
+        await run.finish(client_gone=True)  # a no-op when the run finished above
+
+
+async def count_message_tokens(request: Request) -> Response:
+    try:
+        return await _count(request)
+    except ApiError as error:
+        return _error(error)
+
+
+async def _count(request: Request) -> Response:
+    """The prompt's length in tokens, rendered exactly as a create with the same body would be
+    (so it equals that message's ``input_tokens + cache_read_input_tokens``)."""
+    service = _service(request)
+    raw = await _read(request)
+    spec = to_responses_body(raw, count_only=True)
+    ticket = await admit(request, spec.body, reserve=False)  # key scope, credits; not billed
+    try:
+        body = _validated(request, spec.body)
+        model = service.pool.require(body["model"])
+        body["model"] = model
+        history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
+        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
+        watch = DisconnectWatch(request)
+        try:
+            count = await _while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+        finally:
+            await watch.stop()
+        return JSONResponse({"input_tokens": count})
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await ticket.close()
