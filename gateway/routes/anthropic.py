@@ -19,7 +19,7 @@ from ..admission import admit
 from ..compaction import expand_items
 from ..doors.anthropic import MessageTranslator, MessagesRequest, error_body, to_responses_body
 from ..errors import ApiError
-from ..generation import GenerationFailed, count_tokens as worker_count_tokens
+from ..generation import GenerationFailed, complete_usage, count_tokens as worker_count_tokens
 from ..history import expand
 from ..lifecycle import ResponseRun
 from .responses import ClientDisconnected, DisconnectWatch, _owner, _read, _service, _validated, _while_connected
@@ -35,11 +35,8 @@ def _frame(event: dict[str, Any]) -> bytes:
 
 
 def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
-    """The usage the client is told, which is the usage billed: the final one for a finished
-    response, the running one for a generation stopped at a stop sequence."""
-    if run.response.status in ("completed", "incomplete"):
-        return run.response.data.get("usage")
-    return run.generation.delivered_usage
+    """The usage the client is told, which is the usage billed."""
+    return run.response.data.get("usage")
 
 
 def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
@@ -106,12 +103,19 @@ async def _create(request: Request) -> Response:
 
 
 async def _drain(run: ResponseRun, translator: MessageTranslator) -> None:
-    stopping = False
-    async for event in run.events():
+    events = run.events()
+    async for event in events:
         translator.feed(event)
-        if translator.stopped and not stopping:
-            stopping = True
-            run.generation.cancel()  # the rest of the queue is read and dropped; ends cancelled
+        if translator.stopped:
+            await _stop_at_sequence(run, events)
+            return
+
+
+async def _stop_at_sequence(run: ResponseRun, events: AsyncIterator[dict[str, Any]]) -> None:
+    """A stop sequence ended the message: close the worker channel (the worker stops) and finish
+    the response as completed with the usage of what was generated, which is what is billed."""
+    await events.aclose()  # type: ignore[attr-defined]
+    run.response.finish("completed", complete_usage(run.generation.delivered_usage or {}))
 
 
 async def _stream(run: ResponseRun, translator: MessageTranslator) -> AsyncIterator[bytes]:
@@ -119,19 +123,19 @@ async def _stream(run: ResponseRun, translator: MessageTranslator) -> AsyncItera
     the prompt's token count; a client that leaves cancels this generator, whose ``finally``
     finishes the run as cut."""
     started = False
-    stopping = False
     try:
         try:
-            async for event in run.events():
+            events = run.events()
+            async for event in events:
                 if not started:
                     started = True
                     for out in translator.start_events(run.generation.delivered_usage):
                         yield _frame(out)
                 for out in translator.feed(event):
                     yield _frame(out)
-                if translator.stopped and not stopping:
-                    stopping = True
-                    run.generation.cancel()
+                if translator.stopped:
+                    await _stop_at_sequence(run, events)
+                    break
         except GenerationFailed as failure:
             await run.finish()
             yield _frame(error_body(failure.http_status, failure.message))
