@@ -39,6 +39,15 @@ def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
     return run.response.data.get("usage")
 
 
+def _cap_max_tokens(service: Any, body: dict[str, Any]) -> None:
+    """``max_tokens`` is required here and clients pick it for Claude models, not this one (Claude
+    Code asks for 32000): above the model's context window it is capped to the window, where
+    /v1/responses would refuse it. The worker then caps it to the room the prompt leaves."""
+    window = service.pool.context_window(service.pool.require(body["model"]))
+    if window and body.get("max_output_tokens", 0) > window:
+        body["max_output_tokens"] = window
+
+
 def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
     sealer = _service(request).sealer
     return MessageTranslator(
@@ -64,6 +73,7 @@ async def _create(request: Request) -> Response:
     watch = DisconnectWatch(request)
     try:
         body = _validated(request, spec.body)
+        _cap_max_tokens(service, body)
         generation, own_input = service.prepare(body, _owner(request))
         run = ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
         await _while_connected(watch, run.start())
