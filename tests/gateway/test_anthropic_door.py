@@ -275,6 +275,9 @@ async def test_create_and_count_in_process_parse_with_sdk_types():
         assert names == [e["type"] for e in events] and names[0] == "message_start" and names[-1] == "message_stop"
         for event in events:
             parse_event(event)
+        metrics = (await bounded(c.get("/metrics"))).text
+    assert 'kiln_requests_total{route="/v1/messages",status="200"} 2.0' in metrics
+    assert 'kiln_requests_total{route="/v1/messages/count_tokens",status="200"} 1.0' in metrics
     assert pool.leaked() == []
 
 
