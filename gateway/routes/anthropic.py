@@ -87,11 +87,29 @@ async def _create(request: Request) -> Response:
         raise
     translator = _translator(request, spec)
     if spec.stream:
+        # The first event is awaited before the stream opens, so that a request refused by the
+        # worker (the prompt does not fit the context window) gets its HTTP status, as Anthropic
+        # answers, rather than a 200 with an error event.
+        events = run.events()
+        try:
+            first = await _while_connected(watch, _first(events))
+        except GenerationFailed as failure:
+            await watch.stop()
+            await run.finish()
+            raise failure.api_error()
+        except ClientDisconnected:
+            await watch.stop()
+            await run.finish(client_gone=True)
+            return Response(status_code=499)
+        except BaseException:
+            await watch.stop()
+            await run.finish(client_gone=True)
+            raise
         if await watch.stop():
             await run.finish(client_gone=True)
             return Response(status_code=499)
         return StreamingResponse(
-            _stream(run, translator),
+            _stream(run, translator, events, first),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -128,19 +146,29 @@ async def _stop_at_sequence(run: ResponseRun, events: AsyncIterator[dict[str, An
     run.response.finish("completed", complete_usage(run.generation.delivered_usage or {}))
 
 
-async def _stream(run: ResponseRun, translator: MessageTranslator) -> AsyncIterator[bytes]:
-    """The SSE body. ``message_start`` waits for the worker's first message so that it carries
-    the prompt's token count; a client that leaves cancels this generator, whose ``finally``
-    finishes the run as cut."""
-    started = False
+async def _first(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:
     try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _chained(first: dict[str, Any] | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    if first is not None:
+        yield first
+        async for event in events:
+            yield event
+
+
+async def _stream(run: ResponseRun, translator: MessageTranslator, events: AsyncIterator[dict[str, Any]], first: dict[str, Any] | None) -> AsyncIterator[bytes]:
+    """The SSE body, once the worker's first message is in (so ``message_start`` carries the
+    prompt's token count). A client that leaves cancels this generator, whose ``finally``
+    finishes the run as cut; a failure later on ends the stream with an ``error`` event."""
+    try:
+        for out in translator.start_events(run.generation.delivered_usage):
+            yield _frame(out)
         try:
-            events = run.events()
-            async for event in events:
-                if not started:
-                    started = True
-                    for out in translator.start_events(run.generation.delivered_usage):
-                        yield _frame(out)
+            async for event in _chained(first, events):
                 for out in translator.feed(event):
                     yield _frame(out)
                 if translator.stopped:
@@ -151,9 +179,6 @@ async def _stream(run: ResponseRun, translator: MessageTranslator) -> AsyncItera
             yield _frame(error_body(failure.http_status, failure.message))
             return
         await run.finish()  # before the last events leave
-        if not started:
-            for out in translator.start_events(run.generation.delivered_usage):
-                yield _frame(out)
         for out in translator.end_events(run.response.status, _final_usage(run)):
             yield _frame(out)
     finally:

@@ -51,10 +51,15 @@ def _anthropic_error(r: httpx.Response, status: int, kind: str) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
 def test_401_402_in_anthropics_shape(hosted, path):
-    with httpx.Client(base_url=hosted.base_url, timeout=60) as c:
-        _anthropic_error(c.post(path, json=short()), 401, "authentication_error")
-        _anthropic_error(c.post(path, json=short(), headers=key_header("sk-kiln-not-a-key")), 401, "authentication_error")
-        _anthropic_error(c.post(path, json=short(), headers=key_header(hosted.keys["broke"])), 402, "billing_error")
+    # One connection each: a refusal sent before the body is read closes its connection, which a
+    # pooled client can race with its next request.
+    def post(headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(hosted.base_url + path, json=short(), headers=headers, timeout=60)
+
+    _anthropic_error(post({}), 401, "authentication_error")
+    _anthropic_error(post(key_header("sk-kiln-not-a-key")), 401, "authentication_error")
+    _anthropic_error(post({"Authorization": "Bearer sk-kiln-not-a-key"}), 401, "authentication_error")
+    _anthropic_error(post(key_header(hosted.keys["broke"])), 402, "billing_error")
 
 
 def test_sdk_with_x_api_key_is_metered_with_cost(hosted):
@@ -76,11 +81,14 @@ def test_sdk_with_x_api_key_is_metered_with_cost(hosted):
 def test_429_in_anthropics_shape_and_the_slot_comes_back(hosted, path):
     key = hosted.keys["small"]  # concurrency 1
     hold = {"model": MODEL, "max_tokens": 2000, "stream": True, "messages": [{"role": "user", "content": "hold"}]}
+    def post() -> httpx.Response:  # a connection each, as above
+        return httpx.post(hosted.base_url + path, json=short(), headers=key_header(key), timeout=60)
+
     with httpx.Client(base_url=hosted.base_url, timeout=60) as c:
         with c.stream("POST", "/v1/messages", json=hold, headers=key_header(key)) as s:
             assert s.status_code == 200
-            _anthropic_error(c.post(path, json=short(), headers=key_header(key)), 429, "rate_limit_error")
-        assert eventually_status(lambda: c.post(path, json=short(), headers=key_header(key))).status_code == 200
+            _anthropic_error(post(), 429, "rate_limit_error")
+    assert eventually_status(post).status_code == 200  # the abandoned stream's slot came back
 
 
 async def _call(c: httpx.AsyncClient, key: str, body: dict) -> dict:

@@ -49,3 +49,16 @@ def test_signature_round_trip_and_disabled(thinking):
         thinking.messages.create(model=MODEL, max_tokens=20, messages=[history[0], {"role": "assistant", "content": tampered}, history[2]])
     hidden = thinking.messages.create(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": "hi"}], thinking={"type": "disabled"})
     assert [b.type for b in hidden.content] == ["text"] and hidden.content[0].text == "Hello there!"
+
+
+def test_a_prompt_over_the_window_is_an_http_400_streamed_or_not(thinking):
+    """The worker refuses it before its first token: the stream has not opened, so the client gets
+    the status (as Anthropic answers), not a 200 with an error event."""
+    too_long = [{"role": "user", "content": "x" * 9000}]  # one byte a token; the window is 8192
+    with pytest.raises(anthropic.BadRequestError) as err:
+        thinking.messages.create(model=MODEL, max_tokens=20, messages=too_long)
+    assert err.value.body["error"]["type"] == "invalid_request_error" and "context window" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        with thinking.messages.stream(model=MODEL, max_tokens=20, messages=too_long) as s:
+            s.get_final_message()
+    assert thinking.messages.create(model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "hi"}]).content  # nothing leaked
