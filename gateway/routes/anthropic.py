@@ -17,12 +17,26 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..admission import admit
 from ..compaction import expand_items
-from ..doors.anthropic import MessageTranslator, MessagesRequest, error_body, to_responses_body
+from ..doors.anthropic import (
+    MessagesRequest,
+    MessageTranslator,
+    error_body,
+    to_responses_body,
+)
 from ..errors import ApiError
-from ..generation import GenerationFailed, complete_usage, count_tokens as worker_count_tokens
+from ..generation import GenerationFailed, complete_usage
+from ..generation import count_tokens as worker_count_tokens
 from ..history import expand
 from ..lifecycle import ResponseRun
-from .responses import ClientDisconnected, DisconnectWatch, _owner, _read, _service, _validated, _while_connected
+from .responses import (
+    ClientDisconnected,
+    DisconnectWatch,
+    _owner,
+    _read,
+    _service,
+    _validated,
+    _while_connected,
+)
 
 
 def _error(error: ApiError) -> JSONResponse:

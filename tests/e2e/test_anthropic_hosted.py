@@ -15,9 +15,18 @@ import random
 import anthropic
 import httpx
 import pytest
-
-from tests.e2e.test_hosted_gateway import MODEL, CATALOG, credits_nanos, eventually_status, gen_id, ledger, new_org, run, start_hosted
 from kiln.gateway.accounts.money import usd_to_nanos
+
+from tests.e2e.test_hosted_gateway import (
+    MODEL,
+    credits_nanos,
+    eventually_status,
+    gen_id,
+    ledger,
+    new_org,
+    run,
+    start_hosted,
+)
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def test_max_tokens_stops_with_max_tokens(claude):
 
 
 def test_stream_helpers_and_final_message(claude):
-    kwargs = dict(model=MODEL, max_tokens=32, messages=[{"role": "user", "content": "Say hello."}], extra_body=GREEDY)
+    kwargs = {"model": MODEL, "max_tokens": 32, "messages": [{"role": "user", "content": "Say hello."}], "extra_body": GREEDY}
     with claude.messages.stream(**kwargs) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()

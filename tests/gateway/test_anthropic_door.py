@@ -10,14 +10,18 @@ import json
 import anthropic
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
+from kiln.gateway.app import create_app
+from kiln.gateway.doors.anthropic import (
+    MessageTranslator,
+    StopMatcher,
+    to_responses_body,
+)
+from kiln.gateway.errors import ApiError
+from kiln.gateway.settings import Settings
+from kiln.gateway.validation import validate_create
+from kiln.protocol import Done, Event, Generate, decode, encode
 from pydantic import TypeAdapter
 
-from kiln.gateway.doors.anthropic import MessageTranslator, StopMatcher, to_responses_body
-from kiln.gateway.errors import ApiError
-from kiln.gateway.validation import validate_create
-from kiln.gateway.app import create_app
-from kiln.gateway.settings import Settings
-from kiln.protocol import Done, Event, Generate, decode, encode
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for, local_app
 
 EVENT = TypeAdapter(RawMessageStreamEvent)

@@ -58,7 +58,6 @@ def test_a_prompt_over_the_window_is_an_http_400_streamed_or_not(thinking):
     with pytest.raises(anthropic.BadRequestError) as err:
         thinking.messages.create(model=MODEL, max_tokens=20, messages=too_long)
     assert err.value.body["error"]["type"] == "invalid_request_error" and "context window" in err.value.body["error"]["message"]
-    with pytest.raises(anthropic.BadRequestError):
-        with thinking.messages.stream(model=MODEL, max_tokens=20, messages=too_long) as s:
-            s.get_final_message()
+    with pytest.raises(anthropic.BadRequestError), thinking.messages.stream(model=MODEL, max_tokens=20, messages=too_long) as s:
+        s.get_final_message()
     assert thinking.messages.create(model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "hi"}]).content  # nothing leaked
