@@ -21,6 +21,7 @@ from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from .request_log import install_request_log
 from .routes.chat import create_chat_completion
 from .routes.completions import create_completion
+from .routes.anthropic import count_message_tokens, create_message
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
@@ -49,6 +50,8 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
         ("/responses/{response_id}/input_items", list_input_items, ["GET"]),
         ("/chat/completions", create_chat_completion, ["POST"]),
         ("/completions", create_completion, ["POST"]),
+        ("/messages", create_message, ["POST"]),
+        ("/messages/count_tokens", count_message_tokens, ["POST"]),
         ("/models", list_models, ["GET"]),
         ("/models/{model:path}", get_model, ["GET"]),
     ]

@@ -24,6 +24,7 @@ import anyio
 from typing import Any, Awaitable, Callable
 
 from kiln.gateway.errors import ApiError
+from kiln.gateway.doors.anthropic import error_body, is_messages_path
 
 from .metering import new_generation_id
 from .service import Accounts
@@ -42,6 +43,8 @@ METERED_PATHS = frozenset({
     "/v1/responses/input_tokens", "/responses/input_tokens",
     "/v1/chat/completions", "/chat/completions",
     "/v1/completions", "/completions",
+    "/v1/messages", "/messages",
+    "/v1/messages/count_tokens", "/messages/count_tokens",
 })
 OPEN_PATHS = frozenset({"/health"})
 GENERATION_HEADERS = (b"x-neocloud-generation-id", b"x-kiln-generation-id")
@@ -55,8 +58,9 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
 
 
-async def send_api_error(send: Send, error: ApiError) -> None:
-    body = _json_bytes(error.body())
+async def send_api_error(send: Send, error: ApiError, path: str = "") -> None:
+    """The refusal in the shape of the API the path belongs to (Anthropic's on its door)."""
+    body = _json_bytes(error_body(error.status, error.message) if is_messages_path(path) else error.body())
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
@@ -121,10 +125,10 @@ class AccountsMiddleware:
                 # not the server's.
                 slot = await accounts.limiter.acquire(principal.org_id, principal.concurrency_limit)
         except ApiError as error:
-            await send_api_error(send, error)
+            await send_api_error(send, error, path)
             return
         except Exception as exc:  # the accounts database or Redis is down
-            await send_api_error(send, accounts_unavailable(exc))
+            await send_api_error(send, accounts_unavailable(exc), path)
             return
         scope[PRINCIPAL_SCOPE_KEY] = principal
         scope[SLOT_SCOPE_KEY] = slot
@@ -140,4 +144,7 @@ class AccountsMiddleware:
         for key, value in scope.get("headers", []):
             if key == b"authorization":
                 return value.decode("latin-1")
+        for key, value in scope.get("headers", []):
+            if key == b"x-api-key":  # Anthropic's SDKs and Claude Code send the key here
+                return "Bearer " + value.decode("latin-1")
         return None
