@@ -185,3 +185,39 @@ async def test_hosted_upgrade_needs_a_key_and_each_turn_is_one_ledger_row(tmp_pa
             assert frame["error"]["code"] == "previous_response_not_found"
     rows = sqlite3.connect(tmp_path / "accounts.db").execute("select status from usage_events").fetchall()
     assert [r[0] for r in rows].count("completed") == 2, rows
+
+
+async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_idles_without_a_slot(tmp_path):
+    """The slot is taken per turn: while the organization's other work holds every slot a turn
+    gets a 429 error frame (socket still usable); an open, idle socket holds none."""
+    from kiln.gateway.errors import ApiError
+
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()
+    org_id, limit = sqlite3.connect(tmp_path / "accounts.db").execute("select id, concurrency_limit from organizations where name = 'acme'").fetchone()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        limiter = app.state.accounts.limiter
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            held = [client.portal.call(limiter.acquire, org_id, limit) for _ in range(limit)]  # the idle socket holds none
+            with pytest.raises(ApiError):
+                client.portal.call(limiter.acquire, org_id, limit)
+            frame = _turn(ws, input="hi", store=False)[-1]
+            assert_ws_error(frame)
+            assert frame["status"] == 429 and frame["error"]["code"] == "rate_limit_exceeded"
+            client.portal.call(held.pop().release)
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            assert client.portal.call(limiter.in_flight, org_id) == limit - 1  # the turn's slot went back
+            for slot in held:
+                client.portal.call(slot.release)
+
+
+def test_codex_config_turns_websockets_on_and_says_how_to_turn_it_off(tmp_path):
+    import tomllib
+
+    from kiln.codex_config import provider_block
+
+    for on in (True, False):
+        text = provider_block(model="m", base_url="http://127.0.0.1:8080/v1", catalog_path=tmp_path / "c.json", websockets=on)
+        assert tomllib.loads(text)["model_providers"]["kiln"]["supports_websockets"] is on
+        assert "--websocket off" in text
