@@ -314,6 +314,7 @@ class Session:
             elif previous is not None:
                 self.state.forget(previous)
             await self._send(seq.stamp(terminal_event(response)))
+            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": warm_up, "previous_response_id": previous})
         finally:
             await run.finish(client_gone=True)  # a no-op when the run finished above
 
