@@ -33,7 +33,7 @@ def test_codex_runs_its_turns_over_one_socket(tmp_path):
     (tmp_path / "kiln").mkdir()
     server = LoggedKiln(tmp_path / "kiln", worker_args=WORKER_ARGS).start()
     try:
-        home = CodexHome(tmp_path, server, codex)
+        home = CodexHome(tmp_path, server, codex, websockets=True)
         assert "supports_websockets = true" in home.config
         first = home.exec("Say hello in one short sentence.")
         assert first.returncode == 0 and first.stdout.strip(), home.report()
