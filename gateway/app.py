@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from .accounts.middleware import AccountsMiddleware
 from .accounts.service import Accounts
@@ -25,6 +25,7 @@ from .routes.anthropic import count_message_tokens, create_message
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
+from .routes.websocket import responses_socket
 from .routes.responses import (
     cancel_response,
     compact_response,
@@ -63,6 +64,8 @@ def _routes() -> list[Route]:
         # Mounted with and without /v1, as the OpenAI SDKs accept either base URL.
         routes.append(Route("/v1" + path, endpoint, methods=methods))
         routes.append(Route(path, endpoint, methods=methods))
+    # WebSocket mode: the upgrade of GET /v1/responses (routes/websocket.py).
+    routes += [WebSocketRoute("/v1/responses", responses_socket), WebSocketRoute("/responses", responses_socket)]
     return routes
 
 

@@ -69,6 +69,7 @@ def edge_options(func):
         click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(min=0), envvar="KILN_MAX_CONNECTIONS", help="HTTP requests served at once (streams included); beyond it, 503 with Retry-After. 0: no cap."),
         click.option("--keep-alive-timeout", default=75.0, show_default=True, type=click.FloatRange(min=0, min_open=True), envvar="KILN_KEEP_ALIVE_TIMEOUT", help="Seconds an idle connection stays open, and the most a client may take to send its request headers."),
         click.option("--allowed-hosts", default=None, envvar="KILN_ALLOWED_HOSTS", help="Comma list of Host names accepted besides loopback ones (* = any). Default: loopback names only when listening on loopback with --auth none, else any."),
+        click.option("--websocket", type=click.Choice(["on", "off"]), default="on", show_default=True, envvar="KILN_WEBSOCKET", help="WebSocket mode on /v1/responses; off answers the upgrade with 426 so clients use HTTP."),
         click.option("--cors-origins", default=None, envvar="KILN_CORS_ORIGINS", help="Comma list of web origins (https://app.example) allowed to call the API from a browser (* = any)."),
     ]):
         func = option(func)
@@ -86,6 +87,7 @@ def edge_settings(options: dict) -> dict:
         "keep_alive_timeout_s": options.pop("keep_alive_timeout"),
         "allowed_hosts": split_list(options.pop("allowed_hosts")),
         "cors_origins": split_list(options.pop("cors_origins")),
+        "websocket": options.pop("websocket"),
     }
 def admin_token(token: str | None, token_file: str | None) -> str | None:
     """The admin token from --admin-token / KILN_ADMIN_TOKEN or --admin-token-file /
@@ -194,6 +196,9 @@ def serve(settings: Settings) -> None:
     config.h11_max_incomplete_size = 16 * 1024
     config.h2_max_concurrent_streams = 100
     config.backlog = 1024
+    # WebSocket mode: a frame is bounded like an HTTP body; server pings keep idle sockets alive.
+    config.websocket_max_message_size = settings.max_body_bytes
+    config.websocket_ping_interval = settings.websocket_ping_interval_s or None
     app = create_app(settings)
 
     async def run() -> None:

@@ -316,6 +316,9 @@ class EdgeMiddleware:
         self.body_budget = _Budget(self.policy.body_buffer_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -354,6 +357,20 @@ class EdgeMiddleware:
             await exchange.finish()
             if counted:
                 self.in_flight -= 1
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade passes the same Host and Origin rules as a request (a page's
+        script may open a socket to localhost cross-origin; browsers send its Origin), refused
+        with a 403 HTTP answer. Frame size and connection bounds are the socket route's."""
+        from .ws_upgrade import deny_upgrade
+
+        headers = _headers(scope)
+        path = scope.get("path", "")
+        refusal = self._refusal(scope, headers, path, "GET", headers.get("origin"))
+        if refusal is not None:
+            await deny_upgrade(scope, receive, send, refusal)
+            return
+        await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str], path: str, method: str, origin: str | None) -> ApiError | None:
         policy = self.policy

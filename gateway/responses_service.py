@@ -76,15 +76,19 @@ class ResponsesService:
         self.metrics: Any = None  # set by the app when /metrics is mounted
 
     # -- create ----------------------------------------------------------------------------------
-    def prepare(self, body: dict, owner: Any = None) -> tuple[Generation, list[dict]]:
-        """Resolve the model and history; everything that can refuse the request happens here."""
+    def prepare(self, body: dict, owner: Any = None, *, history: list[dict] | None = None) -> tuple[Generation, list[dict]]:
+        """Resolve the model and history; everything that can refuse the request happens here.
+
+        ``history``: what ``previous_response_id`` names, already resolved by the door (a
+        WebSocket connection's own state); None resolves it from the stores."""
         model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         body["model"] = model
         check_for_model(body, self.pool.context_window(model))
         if body["background"]:
             self._check_background_allowed()
         own_input = _with_ids(self.unseal_items(body["input"]))
-        history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
+        if history is None:
+            history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
         body["input"] = self.reasoning_echo.restore(history + own_input, owner)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")

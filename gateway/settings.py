@@ -58,4 +58,10 @@ class Settings:
     keep_alive_timeout_s: float = 75.0
     allowed_hosts: tuple[str, ...] | None = None  # None: loopback names on a loopback bind, else any
     cors_origins: tuple[str, ...] | None = None
+    # WebSocket mode on /v1/responses (gateway/routes/websocket.py; docs/websocket.md). "off"
+    # answers the upgrade with 426 so clients fall back to HTTP.
+    websocket: str = "on"
+    websocket_max_connections: int = 256  # sockets open at once; beyond, the upgrade gets 503
+    websocket_max_age_s: float = 3600.0  # a connection's lifetime (OpenAI's 60 minutes)
+    websocket_ping_interval_s: float = 20.0  # server pings keep idle sockets through proxies
     extra: dict = field(default_factory=dict)

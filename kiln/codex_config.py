@@ -125,6 +125,7 @@ def provider_block(
     provider_name: str = "Kiln",
     env_key: str = DEFAULT_ENV_KEY,
     context_window: int | None = None,
+    websockets: bool = True,
 ) -> str:
     """The ``config.toml`` lines for Codex (top-level keys first, then the tables)."""
     lines = [
@@ -160,6 +161,9 @@ def provider_block(
         f"base_url = {_toml_str(base_url.rstrip('/'))}",
         'wire_api = "responses"',
         f"env_key = {_toml_str(env_key)}",
+        "# WebSocket mode (docs/websocket.md): one socket per session, each turn sends only its new input.",
+        "# Set false (or run the gateway with --websocket off, which Codex answers by using HTTP) to turn it off.",
+        f"supports_websockets = {'true' if websockets else 'false'}",
         "",
         "# Sub-agents (the multi_agent_v1 namespace) cost prompt tokens a local model cannot spare.",
         "# Codex 0.169 also accepts `[features] multi_agent = false`, with a deprecation warning.",
@@ -191,7 +195,8 @@ def provider_block(
 @click.option("--env-key", default=DEFAULT_ENV_KEY, show_default=True, help="Environment variable Codex reads the API key from (any value for a local gateway).")
 @click.option("--auto-compact-limit", type=click.IntRange(min=1), default=None, help="Tokens at which Codex compacts. Default: the window less a quarter (1k..16k) for output.")
 @click.option("--shell-type", type=click.Choice(["shell_command", "unified_exec", "local", "default", "disabled"]), default=None, help="Codex's shell tool. Default: shell_command for windows up to 32k, else unified_exec.")
-def codex_config(model_id, base_url, catalog_out, hosted_tools, provider_name, provider_id, env_key, auto_compact_limit, shell_type) -> None:
+@click.option("--websockets/--no-websockets", default=True, show_default=True, help="Write supports_websockets for the provider: Codex then runs each session over one WebSocket.")
+def codex_config(model_id, base_url, catalog_out, hosted_tools, provider_name, provider_id, env_key, auto_compact_limit, shell_type, websockets) -> None:
     """Print a Codex CLI provider block for this Kiln and write its model catalog.
 
     Paste the printed lines into ~/.codex/config.toml (or $CODEX_HOME/config.toml), export the
@@ -229,6 +234,7 @@ def codex_config(model_id, base_url, catalog_out, hosted_tools, provider_name, p
             provider_name=provider_name,
             env_key=env_key,
             context_window=int(models[0].get("context_window") or 8192),
+            websockets=websockets,
         )
     )
 

@@ -98,6 +98,9 @@ class AccountsMiddleware:
         self.accounts = accounts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -138,6 +141,30 @@ class AccountsMiddleware:
             if slot is not None:
                 with anyio.CancelScope(shield=True):
                     await slot.release()
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The WebSocket upgrade of /v1/responses: the key is checked on the handshake (401 as
+        an HTTP answer, before the socket opens). No slot and no generation id here: a socket
+        idles between turns, so the route takes both per ``response.create``."""
+        from kiln.gateway.ws_upgrade import WEBSOCKET_PATHS, deny_upgrade
+
+        if scope.get("path") not in WEBSOCKET_PATHS:
+            await self.app(scope, receive, send)  # no such socket: the router refuses it
+            return
+        accounts = self.accounts
+        try:
+            if accounts.maintenance:
+                raise maintenance_error(accounts)
+            assert accounts.auth is not None
+            principal = await accounts.auth.authenticate(self._authorization(scope), None, require_credits=False)
+        except ApiError as error:
+            await deny_upgrade(scope, receive, send, error)
+            return
+        except Exception as exc:  # the accounts database or Redis is down
+            await deny_upgrade(scope, receive, send, accounts_unavailable(exc))
+            return
+        scope[PRINCIPAL_SCOPE_KEY] = principal
+        await self.app(scope, receive, send)
 
     @staticmethod
     def _authorization(scope: Scope) -> str | None:

@@ -104,6 +104,9 @@ class CodexHome:
     binary: Path
     config_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The HTTP checks read the request log, which sees HTTP turns only: they keep Codex on HTTP.
+    # tests/e2e/test_websocket_codex.py sets this to run the session over WebSocket mode.
+    websockets: bool = False
 
     def __post_init__(self) -> None:
         self.home = self.root / "codex-home"
@@ -121,7 +124,7 @@ class CodexHome:
 
         result = CliRunner().invoke(
             codex_config,
-            ["--base-url", self.kiln.base_url + "/v1", "--catalog-out", str(self.home / "kiln-models.json"), *args],
+            ["--base-url", self.kiln.base_url + "/v1", "--catalog-out", str(self.home / "kiln-models.json"), *([] if self.websockets else ["--no-websockets"]), *args],
             catch_exceptions=False,
         )
         assert result.exit_code == 0, result.output

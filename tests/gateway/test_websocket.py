@@ -1,0 +1,223 @@
+"""WebSocket mode in-process (fake worker, Starlette's test client): the frames, the error frames
+that leave the socket usable, the connection's continuation state, the off switch, the upgrade
+refusals (Host/Origin locally, the key in hosted mode) and per-turn admission.
+
+The real SDK against real processes is in tests/e2e/test_websocket_real_model.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from starlette.testclient import TestClient, WebSocketDenialResponse
+
+from kiln.gateway.store.connection import ConnectionState
+from tests.conformance.websocket import assert_ws_error, assert_ws_turn
+from tests.gateway.inprocess import MODEL, hosted_app, local_app
+
+URL = "ws://127.0.0.1/v1/responses"
+
+
+def _turn(ws, **body) -> list[dict]:
+    """Send one response.create and collect its frames up to the terminal one (or an error)."""
+    ws.send_text(json.dumps({"type": "response.create", "model": MODEL, **body}))
+    frames = []
+    while True:
+        frame = json.loads(ws.receive_text())
+        frames.append(frame)
+        if frame["type"] in ("error", "response.completed", "response.incomplete", "response.failed"):
+            return frames
+
+
+@pytest.fixture
+def local():
+    app, pool = local_app()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.pool = pool
+        yield client
+
+
+def test_a_turn_streams_numbered_events_that_validate(local):
+    with local.websocket_connect(URL) as ws:
+        frames = _turn(ws, input="hi", store=False)
+    assert_ws_turn(frames)
+    assert [f["sequence_number"] for f in frames] == list(range(len(frames)))
+    assert frames[-1]["response"]["status"] == "completed"
+    assert not local.pool.leaked()
+
+
+def test_also_mounted_without_v1(local):
+    with local.websocket_connect("ws://127.0.0.1/responses") as ws:
+        assert_ws_turn(_turn(ws, input="hi"))
+
+
+def test_bad_messages_get_error_frames_and_the_socket_stays_usable(local):
+    with local.websocket_connect(URL) as ws:
+        cases = [
+            ("{not json", None),
+            ('"a string"', None),
+            (json.dumps({"type": "response.cancel"}), "type"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "background": True}), "background"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "stream": False}), "stream"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "temperature": "hot"}), "temperature"),
+            (json.dumps({"type": "response.create", "model": "no-such-model", "input": "x"}), "model"),
+        ]
+        for text, param in cases:
+            ws.send_text(text)
+            frame = json.loads(ws.receive_text())
+            assert_ws_error(frame)
+            assert frame["status"] in (400, 404), frame
+            if param is not None:
+                assert frame["error"]["param"] == param, frame
+        # still usable
+        assert_ws_turn(_turn(ws, input="after the errors"))
+
+
+def test_store_false_chain_continues_from_the_connection_state(local):
+    with local.websocket_connect(URL) as ws:
+        first = _turn(ws, input="one", store=False)[-1]["response"]
+        second = _turn(ws, input="two", store=False, previous_response_id=first["id"])
+        assert_ws_turn(second)
+        assert second[-1]["response"]["previous_response_id"] == first["id"]
+        third = _turn(ws, input="three", store=False, previous_response_id=second[-1]["response"]["id"])
+        assert_ws_turn(third)
+    # nothing of the store:false chain reached the response store
+    assert local.get(f"/v1/responses/{first['id']}").status_code == 404
+
+
+def test_unknown_previous_id_and_reconnect_give_previous_response_not_found(local):
+    with local.websocket_connect(URL) as ws:
+        frame = _turn(ws, input="x", previous_response_id="resp_" + "0" * 32)[-1]
+        assert_ws_error(frame)
+        assert frame["status"] == 400 and frame["error"]["code"] == "previous_response_not_found"
+        first = _turn(ws, input="one", store=False)[-1]["response"]
+    with local.websocket_connect(URL) as ws:
+        frame = _turn(ws, input="two", store=False, previous_response_id=first["id"])[-1]
+        assert frame["type"] == "error" and frame["error"]["code"] == "previous_response_not_found"
+        # store:true chains outlive the socket: they resolve from the response store
+        stored = _turn(ws, input="kept", store=True)[-1]["response"]
+    with local.websocket_connect(URL) as ws:
+        assert_ws_turn(_turn(ws, input="more", previous_response_id=stored["id"]))
+
+
+def test_warm_up_is_a_completed_response_without_output(local):
+    with local.websocket_connect(URL) as ws:
+        frames = _turn(ws, input="warm me", generate=False, store=False)
+        assert_ws_turn(frames)
+        assert [f["type"] for f in frames] == ["response.created", "response.in_progress", "response.completed"]
+        done = frames[-1]["response"]
+        assert done["output"] == [] and done["usage"]["output_tokens"] == 0
+        assert_ws_turn(_turn(ws, input=[], previous_response_id=done["id"], store=False))
+
+
+def test_off_switch_answers_426():
+    app, _ = local_app(websocket="off")
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with pytest.raises(WebSocketDenialResponse) as denied:
+            with client.websocket_connect(URL):
+                pass
+    assert denied.value.status_code == 426
+    assert denied.value.json()["error"]["code"] == "websocket_not_supported"
+
+
+def test_foreign_origin_and_host_are_refused_on_the_upgrade(local):
+    for headers in ({"origin": "https://evil.example"}, {"host": "evil.example"}):
+        with pytest.raises(WebSocketDenialResponse) as denied:
+            with local.websocket_connect(URL, headers=headers):
+                pass
+        assert denied.value.status_code == 403
+
+
+def test_connection_cap_refuses_the_upgrade_beyond_it():
+    app, _ = local_app(websocket_max_connections=1)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL) as ws:
+            with pytest.raises(WebSocketDenialResponse) as denied:
+                with client.websocket_connect(URL):
+                    pass
+            assert denied.value.status_code == 503
+            assert_ws_turn(_turn(ws, input="still fine"))
+
+
+def test_lifetime_limit_closes_with_its_error():
+    app, _ = local_app(websocket_max_age_s=0.5)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL) as ws:
+            frame = json.loads(ws.receive_text())  # sent once the 0.5 s lifetime is over
+            assert_ws_error(frame)
+            assert frame["error"]["code"] == "websocket_connection_limit_reached"
+
+
+def test_oversized_frame_is_refused_with_413():
+    app, _ = local_app(max_body_bytes=1000)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL) as ws:
+            ws.send_text(json.dumps({"type": "response.create", "model": MODEL, "input": "x" * 2000}))
+            frame = json.loads(ws.receive_text())
+            assert frame["status"] == 413 and frame["error"]["code"] == "request_too_large"
+            assert_ws_turn(_turn(ws, input="small"))
+
+
+def test_connection_state_is_bounded():
+    state = ConnectionState(max_entries=2, max_bytes=10_000)
+    for i in range(3):
+        assert state.remember(f"r{i}", [{"type": "message", "role": "user", "content": "x"}], [])
+    assert "r0" not in state and len(state) == 2
+    assert not state.remember("big", [{"type": "message", "role": "user", "content": "x" * 20_000}], [])
+    assert "big" not in state
+
+
+async def test_hosted_upgrade_needs_a_key_and_each_turn_is_one_ledger_row(tmp_path):
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()  # reopened by the test client's lifespan, on its own loop
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with pytest.raises(WebSocketDenialResponse) as denied:
+            with client.websocket_connect(URL):
+                pass
+        assert denied.value.status_code == 401
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            for _ in range(2):
+                assert_ws_turn(_turn(ws, input="hi", store=False))
+            # store none: an unknown id is previous_response_not_found, not unsupported_parameter
+            frame = _turn(ws, input="x", store=False, previous_response_id="resp_unknown")[-1]
+            assert frame["error"]["code"] == "previous_response_not_found"
+    rows = sqlite3.connect(tmp_path / "accounts.db").execute("select status from usage_events").fetchall()
+    assert [r[0] for r in rows].count("completed") == 2, rows
+
+
+async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_idles_without_a_slot(tmp_path):
+    """The slot is taken per turn: while the organization's other work holds every slot a turn
+    gets a 429 error frame (socket still usable); an open, idle socket holds none."""
+    from kiln.gateway.errors import ApiError
+
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()
+    org_id, limit = sqlite3.connect(tmp_path / "accounts.db").execute("select id, concurrency_limit from organizations where name = 'acme'").fetchone()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        limiter = app.state.accounts.limiter
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            held = [client.portal.call(limiter.acquire, org_id, limit) for _ in range(limit)]  # the idle socket holds none
+            with pytest.raises(ApiError):
+                client.portal.call(limiter.acquire, org_id, limit)
+            frame = _turn(ws, input="hi", store=False)[-1]
+            assert_ws_error(frame)
+            assert frame["status"] == 429 and frame["error"]["code"] == "rate_limit_exceeded"
+            client.portal.call(held.pop().release)
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            assert client.portal.call(limiter.in_flight, org_id) == limit - 1  # the turn's slot went back
+            for slot in held:
+                client.portal.call(slot.release)
+
+
+def test_codex_config_turns_websockets_on_and_says_how_to_turn_it_off(tmp_path):
+    import tomllib
+
+    from kiln.codex_config import provider_block
+
+    for on in (True, False):
+        text = provider_block(model="m", base_url="http://127.0.0.1:8080/v1", catalog_path=tmp_path / "c.json", websockets=on)
+        assert tomllib.loads(text)["model_providers"]["kiln"]["supports_websockets"] is on
+        assert "--websocket off" in text
