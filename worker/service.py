@@ -286,6 +286,7 @@ class _Run:
             router=router,
             want_logprobs=params.logprobs,
             namespaces=_namespaces(body.get("tools") or []),
+            max_tool_calls=body.get("max_tool_calls") if isinstance(body.get("max_tool_calls"), int) else None,
         )
         self.want_logprobs = params.logprobs
         self.failed = False

@@ -94,3 +94,20 @@ def assert_stream(events: list[dict], names: list[str] | None = None) -> None:
         assert not open_items, "items left open"
         done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
         assert [i.get("id") for i in final["output"]] == [i.get("id") for i in done]
+
+
+API_SCHEMA_PATH = Path(__file__).with_name("openai-api.schema.json")
+
+
+@lru_cache(maxsize=None)
+def _api_validator(ref: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({**json.loads(API_SCHEMA_PATH.read_text()), "$ref": f"#/$defs/{ref}"})
+
+
+def assert_api_object(ref: str, obj: Any) -> None:
+    """An object against the whole-API bundle (Conversations, Chat Completions, WebSocket frames
+    as well as Responses): ``ref`` names its ``$defs`` component, e.g. ``ConversationResource``."""
+    error = best_match(_api_validator(ref).iter_errors(obj))
+    if error is not None:
+        path = "/".join(str(p) for p in error.absolute_path)
+        raise AssertionError(f"{ref} does not conform at '{path}': {error.message}\n{json.dumps(obj)[:2000]}")
