@@ -19,6 +19,7 @@ from .edge import EdgeMiddleware
 from .errors import ApiError
 from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
 from .request_log import install_request_log
+from .routes.conversations import ROUTES as CONVERSATION_ROUTES
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
@@ -47,6 +48,7 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
         ("/responses/{response_id}/input_items", list_input_items, ["GET"]),
         ("/models", list_models, ["GET"]),
         ("/models/{model:path}", get_model, ["GET"]),
+        *CONVERSATION_ROUTES,
     ]
 
 

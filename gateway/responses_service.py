@@ -21,7 +21,8 @@ from .metrics import GenerationTimer
 from .sealing import SealError, Sealer
 from .settings import Settings
 from .store.background import Job, JobRegistry
-from .store.conversations import ConversationStore
+from .store.conversations import ConversationStore, as_input_item
+from .store.items import ItemIndex
 from .store.lru import approx_bytes
 from .store.reasoning_echo import ReasoningEchoStore
 from .store.responses import ResponseStore, StoredResponse
@@ -71,6 +72,7 @@ class ResponsesService:
         self.inflight: dict[str, Generation] = {}
         self.sealer = Sealer(settings.secret_key)
         self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
+        self.items = ItemIndex()  # item id -> the stored response or conversation holding it
         self.metrics: Any = None  # set by the app when /metrics is mounted
 
     # -- create ----------------------------------------------------------------------------------
@@ -81,7 +83,7 @@ class ResponsesService:
         check_for_model(body, self.pool.context_window(model))
         if body["background"]:
             self._check_background_allowed()
-        own_input = _with_ids(self.unseal_items(body["input"]))
+        own_input = _with_ids(self.unseal_items(self.resolve_references(body["input"], owner)))
         history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
         body["input"] = self.reasoning_echo.restore(history + own_input, owner)
         if not body["input"]:
@@ -97,6 +99,44 @@ class ResponsesService:
         if "reasoning.encrypted_content" in (body.get("include") or []):
             generation.item_hook = self.seal_reasoning
         return generation, own_input
+
+    # -- item references -------------------------------------------------------------------------
+    def resolve_references(self, items: list[dict], owner: Any = None) -> list[dict]:
+        """``item_reference`` items replaced by the items they name: input or output items of the
+        owner's stored responses, or items of the owner's conversations. An id that names
+        nothing the owner may see is a 400 naming it (never silently dropped)."""
+        if not any(i.get("type") == "item_reference" for i in items):
+            return items
+        out = []
+        for i, item in enumerate(items):
+            if item.get("type") != "item_reference":
+                out.append(item)
+                continue
+            item_id = item.get("id")
+            if not isinstance(item_id, str) or not item_id:
+                raise invalid(f"Missing or invalid 'input[{i}].id': an item_reference names a stored item by id.", param=f"input[{i}].id")
+            found = self._find_item(item_id, owner)
+            if found is None:
+                raise invalid(f"Item with id '{item_id}' not found.", param=f"input[{i}].id", code="item_not_found")
+            out.append(as_input_item(found))
+        return out
+
+    def _find_item(self, item_id: str, owner: Any) -> dict | None:
+        where = self.items.lookup(owner, item_id)
+        if where is None:
+            return None
+        kind, key = where
+        if kind == "response":
+            stored = self.store.get(key) if self.store is not None else None
+            if stored is None or stored.ephemeral or stored.extra.get("owner") != owner:
+                return None
+            pool = list(stored.input_items) + list(stored.response.get("output") or [])
+        else:
+            conv = self.conversations.get(key)
+            if conv is None:
+                return None
+            pool = conv.items
+        return next((dict(i) for i in pool if i.get("id") == item_id), None)
 
     # -- compaction ------------------------------------------------------------------------------
     async def compaction_phase(self, generation: Generation) -> None:
@@ -197,16 +237,22 @@ class ResponsesService:
                 output = [_strip_status(i) for i in snapshot["output"]]
                 if output and output[0].get("type") == "compaction":
                     # Auto-compaction rewrote the history: the transcript becomes the compacted one.
-                    self.conversations.replace(key, body["input"] + output[1:])
+                    self.conversations.replace(key, body["input"] + output[1:], conversation_id=conv)
                 else:
-                    self.conversations.append(key, own_input + output)
+                    self.conversations.append(key, own_input + output, conversation_id=conv)
+                held = self.conversations.get(key)
+                if held is not None:
+                    self.items.add(owner, held.items, ("conversation", key))
         if self.store is None:
             return
         ephemeral = background and not body.get("store", True)
         if not body.get("store", True) and not ephemeral:
             return
         stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
-        if not self.store.put(stored) and background:
+        kept = self.store.put(stored)
+        if kept and not ephemeral:
+            self.items.add(owner, list(stored.input_items) + list(snapshot["output"]), ("response", snapshot["id"]))
+        if not kept and background:
             # Too large for the budget: keep a failed stub so that a poll still gets an answer.
             stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
             self.store.put(StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner}))

@@ -110,6 +110,18 @@ def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | No
     return value
 
 
+def check_metadata(metadata: Any) -> dict | None:
+    """OpenAI's metadata: up to 16 string values, keys up to 64 and values up to 512 characters."""
+    metadata = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
+    if metadata is not None:
+        if len(metadata) > 16:
+            raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
+        for key, value in metadata.items():
+            if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+                raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
+    return metadata
+
+
 def _check_include(body: dict) -> None:
     """``include`` holds known values only: a typo must not pass silently, and a value Kiln
     cannot honour (images, hosted tools) is refused with the reason rather than ignored."""
@@ -328,13 +340,7 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
     out["store"] = True if body.get("store") is None else parse_bool(body.get("store"), "store")
     out["background"] = parse_bool(body.get("background"), "background")
     out["parallel_tool_calls"] = True if body.get("parallel_tool_calls") is None else parse_bool(body.get("parallel_tool_calls"), "parallel_tool_calls")
-    metadata = _expect(body, "metadata", (dict,), "an object")
-    if metadata is not None:
-        if len(metadata) > 16:
-            raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
-        for key, value in metadata.items():
-            if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
-                raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
+    check_metadata(body.get("metadata"))
     for key in ("text", "reasoning"):
         _expect(body, key, (dict,), "an object")
     if body.get("text") is not None:

@@ -255,7 +255,7 @@ async def input_tokens(request: Request) -> Response:
         model = service.pool.require(body["model"])
         body["model"] = model
         history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
+        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(service.resolve_references(body["input"], _owner(request))), _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
             count = await _while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
