@@ -14,7 +14,7 @@ from typing import Any
 
 from . import compaction
 from .errors import ApiError, invalid
-from .generation import Generation, GenerationFailed, complete_usage, count_tokens
+from .generation import Generation, GenerationFailed, complete_usage, count_tokens, terminal_event
 from .history import TERMINAL, conversation_id, conversation_key, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
 from .metrics import GenerationTimer
@@ -22,6 +22,7 @@ from .sealing import SealError, Sealer
 from .settings import Settings
 from .store.background import Job, JobRegistry
 from .store.conversations import ConversationStore, as_input_item
+from .store.events import EventBuffers
 from .store.items import ItemIndex
 from .store.lru import approx_bytes
 from .store.reasoning_echo import ReasoningEchoStore
@@ -73,6 +74,7 @@ class ResponsesService:
         self.sealer = Sealer(settings.secret_key)
         self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
         self.items = ItemIndex()  # item id -> the stored response or conversation holding it
+        self.event_buffers = EventBuffers()  # background jobs' numbered events, for stream=true GETs
         self.metrics: Any = None  # set by the app when /metrics is mounted
 
     # -- create ----------------------------------------------------------------------------------
@@ -271,6 +273,7 @@ class ResponsesService:
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
         job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
         self.jobs.admit(job)
+        self.event_buffers.open(response.id).record({"type": "response.created", "response": job_view(response)})
         job.task = asyncio.create_task(self._run_job(job), name=f"kiln-job-{response.id}")
         return job_view(response)
 
@@ -283,9 +286,16 @@ class ResponsesService:
                 # context_management runs inside the job: its failure fails the job.
                 raise GenerationFailed(error.status, "invalid_prompt" if error.status == 400 else (error.code or "server_error"), error.message)
             await generation.open()
-            async for _ in generation.events():
+            buffer = self.event_buffers.get(response.id)
+            if response.status == "queued":
+                response.data["status"] = "in_progress"
+            if buffer is not None:
+                buffer.record({"type": "response.in_progress", "response": job_view(response)})
+            async for event in generation.events():
                 if response.status == "queued":
                     response.data["status"] = "in_progress"
+                if buffer is not None:
+                    buffer.record(event)
         except GenerationFailed as failure:
             response.fail(_JOB_CODES.get(failure.code, "server_error"), failure.message)
         except ApiError as error:
@@ -301,6 +311,10 @@ class ResponsesService:
                 response.cancel() if generation.cancelled else response.fail("server_error", "generation ended without a result")
             self.jobs.release(response.id)
             self._persist(response, generation.body, job.own_input, background=True, owner=generation.owner)
+            buffer = self.event_buffers.get(response.id)
+            if buffer is not None:
+                buffer.record(terminal_event(response))
+            self.event_buffers.finish(response.id)
 
     # -- retrieve / cancel / delete --------------------------------------------------------------
     def _require_store(self) -> ResponseStore:
@@ -333,6 +347,19 @@ class ResponsesService:
         if stored is None:
             raise _not_found(response_id)
         return stored.response
+
+    def event_stream(self, response_id: str, owner: Any = None):
+        """The recorded (and live) events of a response the owner may see; 404 when it has
+        none: streamed retrieval covers background jobs and stored foreground streams."""
+        job, generation, stored = self._lookup(response_id, owner)
+        if job is None and generation is None and stored is None:
+            raise _not_found(response_id)
+        if generation is not None and not generation.body.get("store", True):
+            raise _not_found(response_id)
+        buffer = self.event_buffers.get(response_id)
+        if buffer is None:
+            raise invalid(f"Response '{response_id}' has no events to stream: streamed retrieval covers background responses and streamed stored responses, while their events are kept.", param="stream")
+        return buffer
 
     def input_items(self, response_id: str, owner: Any = None) -> list[dict]:
         job, _, stored = self._lookup(response_id, owner)

@@ -22,6 +22,10 @@ class EventSequencer:
         return event
 
     def frame(self, event: dict[str, Any]) -> bytes:
-        event = self.stamp(event)
-        data = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-        return f"event: {event['type']}\ndata: {data}\n\n".encode()
+        return frame_numbered(self.stamp(event))
+
+
+def frame_numbered(event: dict[str, Any]) -> bytes:
+    """One SSE frame of an event that already carries its ``sequence_number``."""
+    data = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
