@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import compaction
@@ -226,6 +227,15 @@ class ResponsesService:
     def finish_foreground(self, generation: Generation, own_input: list[dict]) -> None:
         self.inflight.pop(generation.response.id, None)
         self._persist(generation.response, generation.body, own_input, owner=generation.owner)
+        if generation.response.status in TERMINAL:
+            self.event_buffers.finish(generation.response.id, terminal_event(generation.response))
+
+    def stream_recorder(self, generation: Generation) -> Callable[[dict], None] | None:
+        """Where a stored foreground stream records its numbered events, so that streamed
+        retrieval can follow it while it runs; None when it is not stored."""
+        if self.store is None or not self.store.enabled or not generation.body.get("store", True):
+            return None
+        return self.event_buffers.open(generation.response.id).keep
 
     def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, background: bool = False, owner: Any = None) -> None:
         snapshot = response.snapshot()

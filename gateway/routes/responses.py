@@ -162,7 +162,7 @@ async def _while_connected(watch: DisconnectWatch, work: Awaitable[T]) -> T:
 async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
     """The SSE body. If the client goes away Starlette cancels this generator; its ``finally``
     then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
-    seq = EventSequencer()
+    seq = EventSequencer(on_event=run.service.stream_recorder(run.generation))  # streamed retrieval
     try:
         yield seq.frame({"type": "response.created", "response": opening})
         yield seq.frame({"type": "response.in_progress", "response": opening})

@@ -45,6 +45,18 @@ class EventBuffer:
         self._changed = asyncio.Event()
         return stamped
 
+    def keep(self, stamped: dict[str, Any]) -> None:
+        """Keep an event numbered elsewhere (a live foreground stream's own sequencer); ignored
+        once the buffer has ended."""
+        if self.done:
+            return
+        self._next = stamped["sequence_number"] + 1
+        self._events.append(stamped)
+        if stamped.get("type") in TERMINAL_EVENTS:
+            self.done = True
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     def close(self) -> None:
         """No more events will come (the job ended without a terminal event being recorded)."""
         self.done = True
@@ -84,10 +96,13 @@ class EventBuffers:
         self._live[response_id] = buffer
         return buffer
 
-    def finish(self, response_id: str) -> None:
+    def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
+        """The response ended: record ``terminal`` unless one was, and keep it as finished."""
         buffer = self._live.pop(response_id, None)
         if buffer is None:
             return
+        if terminal is not None and not buffer.done:
+            buffer.record(terminal)
         buffer.close()
         self._finished[response_id] = buffer
         while len(self._finished) > self.max_finished:

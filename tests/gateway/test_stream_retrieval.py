@@ -108,3 +108,37 @@ async def test_follower_sees_live_events_until_terminal():
 
 async def _collect(events):
     return [e async for e in events]
+
+
+def test_stored_foreground_stream_can_be_followed_while_it_runs(server):
+    """A second client follows a stored foreground stream by id and gets the very same events."""
+    import json
+    import threading
+
+    from tests.support import sse_events
+
+    own: list[dict] = []
+    first_seen = threading.Event()
+    rid: list[str] = []
+
+    def run_stream() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            with http.stream("POST", "/v1/responses", json={"model": MODEL, "input": "go", "stream": True, "max_output_tokens": 200}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        own.append(json.loads(line[6:]))
+                        if len(own) == 3:
+                            rid.append(own[0]["response"]["id"])
+                            first_seen.set()
+
+    thread = threading.Thread(target=run_stream)
+    thread.start()
+    assert first_seen.wait(30)
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        r = http.get(f"/v1/responses/{rid[0]}", params={"stream": "true"})
+        assert r.status_code == 200, r.text
+        names, followed = sse_events(r)
+    thread.join(30)
+    assert followed == own
+    assert_stream(followed, names)
+    assert followed[-1]["type"] == "response.completed"
