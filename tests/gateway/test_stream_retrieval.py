@@ -142,3 +142,23 @@ def test_stored_foreground_stream_can_be_followed_while_it_runs(server):
     assert followed == own
     assert_stream(followed, names)
     assert followed[-1]["type"] == "response.completed"
+
+
+NODE_DIR = __import__("pathlib").Path(__file__).parents[1] / "node"
+
+
+@pytest.mark.slow
+def test_node_sdk_stream_by_response_id_resumes(server):
+    """The Node SDK's ``responses.stream({response_id})``, cut and resumed with
+    ``starting_after`` (``npm ci`` in tests/node first; the openai package is pinned there)."""
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "openai").exists():
+        pytest.skip("node and tests/node/node_modules are needed (cd tests/node && npm ci)")
+    out = subprocess.run(["node", str(NODE_DIR / "stream_resume.mjs"), server.base_url + "/v1", MODEL], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["resumed"] == result["unbroken"]
+    assert result["last"] == "response.completed"
