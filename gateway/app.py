@@ -22,6 +22,7 @@ from .request_log import install_request_log
 from .routes.chat import create_chat_completion
 from .routes.completions import create_completion
 from .routes.anthropic import count_message_tokens, create_message
+from .routes.conversations import ROUTES as CONVERSATION_ROUTES
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
@@ -55,6 +56,7 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
         ("/messages/count_tokens", count_message_tokens, ["POST"]),
         ("/models", list_models, ["GET"]),
         ("/models/{model:path}", get_model, ["GET"]),
+        *CONVERSATION_ROUTES,
     ]
 
 

@@ -10,17 +10,21 @@ from kiln.protocol.usage import Usage
 
 # Fields echoed from the request into every Response object, with their defaults.
 _ECHOED = {
+    "frequency_penalty": 0.0,
     "instructions": None,
     "max_output_tokens": None,
+    "max_tool_calls": None,
     "metadata": None,
     "parallel_tool_calls": True,
+    "presence_penalty": 0.0,
     "previous_response_id": None,
     "prompt_cache_key": None,
     "reasoning": None,
+    "safety_identifier": None,
     "temperature": 1.0,
     "tool_choice": "auto",
     "tools": [],
-    "top_logprobs": None,
+    "top_logprobs": 0,
     "top_p": 1.0,
     "truncation": "disabled",
 }
@@ -62,7 +66,12 @@ class ResponseObject:
             "incomplete_details": None,
             "model": model,
             "output": [],
+            # Present (null) until the response ends: stricter schemas require the keys on every
+            # snapshot, including response.created / response.in_progress.
             "usage": None,
+            "completed_at": None,
+            # One tier is served; whatever a client asked for, this is what ran.
+            "service_tier": "default",
             "store": bool(body.get("store", True)),
             "text": body.get("text") or {"format": {"type": "text"}},
         }
@@ -89,8 +98,6 @@ class ResponseObject:
         """A copy safe to serialize while generation goes on."""
         snap = dict(self.data)
         snap["output"] = list(self.data["output"])
-        if snap.get("usage") is None:
-            del snap["usage"]
         return snap
 
     def apply(self, event: dict[str, Any]) -> None:

@@ -10,20 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kiln.protocol.usage import Usage
 
 from . import compaction
 from .errors import ApiError, invalid
-from .generation import Generation, GenerationFailed, complete_usage, count_tokens
+from .generation import Generation, GenerationFailed, complete_usage, count_tokens, terminal_event
 from .history import TERMINAL, conversation_id, conversation_key, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
 from .metrics import GenerationTimer
 from .sealing import SealError, Sealer
 from .settings import Settings
 from .store.background import Job, JobRegistry
-from .store.conversations import ConversationStore
+from .store.conversations import ConversationStore, as_input_item
+from .store.events import EventBuffers
+from .store.items import ItemIndex
 from .store.lru import approx_bytes
 from .store.reasoning_echo import ReasoningEchoStore
 from .store.responses import ResponseStore, StoredResponse
@@ -73,6 +76,8 @@ class ResponsesService:
         self.inflight: dict[str, Generation] = {}
         self.sealer = Sealer(settings.secret_key)
         self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
+        self.items = ItemIndex()  # item id -> the stored response or conversation holding it
+        self.event_buffers = EventBuffers()  # background jobs' numbered events, for stream=true GETs
         self.metrics: Any = None  # set by the app when /metrics is mounted
 
     # -- create ----------------------------------------------------------------------------------
@@ -86,7 +91,7 @@ class ResponsesService:
         check_for_model(body, self.pool.context_window(model))
         if body["background"]:
             self._check_background_allowed()
-        own_input = _with_ids(self.unseal_items(body["input"]))
+        own_input = _with_ids(self.unseal_items(self.resolve_references(body["input"], owner)))
         if history is None:
             history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
         body["input"] = self.reasoning_echo.restore(history + own_input, owner)
@@ -103,6 +108,44 @@ class ResponsesService:
         if "reasoning.encrypted_content" in (body.get("include") or []):
             generation.item_hook = self.seal_reasoning
         return generation, own_input
+
+    # -- item references -------------------------------------------------------------------------
+    def resolve_references(self, items: list[dict], owner: Any = None) -> list[dict]:
+        """``item_reference`` items replaced by the items they name: input or output items of the
+        owner's stored responses, or items of the owner's conversations. An id that names
+        nothing the owner may see is a 400 naming it (never silently dropped)."""
+        if not any(i.get("type") == "item_reference" for i in items):
+            return items
+        out = []
+        for i, item in enumerate(items):
+            if item.get("type") != "item_reference":
+                out.append(item)
+                continue
+            item_id = item.get("id")
+            if not isinstance(item_id, str) or not item_id:
+                raise invalid(f"Missing or invalid 'input[{i}].id': an item_reference names a stored item by id.", param=f"input[{i}].id")
+            found = self._find_item(item_id, owner)
+            if found is None:
+                raise invalid(f"Item with id '{item_id}' not found.", param=f"input[{i}].id", code="item_not_found")
+            out.append(as_input_item(found))
+        return out
+
+    def _find_item(self, item_id: str, owner: Any) -> dict | None:
+        where = self.items.lookup(owner, item_id)
+        if where is None:
+            return None
+        kind, key = where
+        if kind == "response":
+            stored = self.store.get(key) if self.store is not None else None
+            if stored is None or stored.ephemeral or stored.extra.get("owner") != owner:
+                return None
+            pool = list(stored.input_items) + list(stored.response.get("output") or [])
+        else:
+            conv = self.conversations.get(key)
+            if conv is None:
+                return None
+            pool = conv.items
+        return next((dict(i) for i in pool if i.get("id") == item_id), None)
 
     # -- compaction ------------------------------------------------------------------------------
     async def compaction_phase(self, generation: Generation) -> None:
@@ -190,6 +233,15 @@ class ResponsesService:
     def finish_foreground(self, generation: Generation, own_input: list[dict]) -> None:
         self.inflight.pop(generation.response.id, None)
         self._persist(generation.response, generation.body, own_input, owner=generation.owner)
+        if generation.response.status in TERMINAL:
+            self.event_buffers.finish(generation.response.id, terminal_event(generation.response))
+
+    def stream_recorder(self, generation: Generation) -> Callable[[dict], None] | None:
+        """Where a stored foreground stream records its numbered events, so that streamed
+        retrieval can follow it while it runs; None when it is not stored."""
+        if self.store is None or not self.store.enabled or not generation.body.get("store", True):
+            return None
+        return self.event_buffers.open(generation.response.id).keep
 
     def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, background: bool = False, owner: Any = None) -> None:
         snapshot = response.snapshot()
@@ -203,16 +255,22 @@ class ResponsesService:
                 output = [_strip_status(i) for i in snapshot["output"]]
                 if output and output[0].get("type") == "compaction":
                     # Auto-compaction rewrote the history: the transcript becomes the compacted one.
-                    self.conversations.replace(key, body["input"] + output[1:])
+                    self.conversations.replace(key, body["input"] + output[1:], conversation_id=conv)
                 else:
-                    self.conversations.append(key, own_input + output)
+                    self.conversations.append(key, own_input + output, conversation_id=conv)
+                held = self.conversations.get(key)
+                if held is not None:
+                    self.items.add(owner, held.items, ("conversation", key))
         if self.store is None:
             return
         ephemeral = background and not body.get("store", True)
         if not body.get("store", True) and not ephemeral:
             return
         stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
-        if not self.store.put(stored) and background:
+        kept = self.store.put(stored)
+        if kept and not ephemeral:
+            self.items.add(owner, list(stored.input_items) + list(snapshot["output"]), ("response", snapshot["id"]))
+        if not kept and background:
             # Too large for the budget: keep a failed stub so that a poll still gets an answer.
             stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
             self.store.put(StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner}))
@@ -231,6 +289,7 @@ class ResponsesService:
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
         job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
         self.jobs.admit(job)
+        self.event_buffers.open(response.id).record({"type": "response.created", "response": job_view(response)})
         job.task = asyncio.create_task(self._run_job(job), name=f"kiln-job-{response.id}")
         return job_view(response)
 
@@ -243,9 +302,16 @@ class ResponsesService:
                 # context_management runs inside the job: its failure fails the job.
                 raise GenerationFailed(error.status, "invalid_prompt" if error.status == 400 else (error.code or "server_error"), error.message)
             await generation.open()
-            async for _ in generation.events():
+            buffer = self.event_buffers.get(response.id)
+            if response.status == "queued":
+                response.data["status"] = "in_progress"
+            if buffer is not None:
+                buffer.record({"type": "response.in_progress", "response": job_view(response)})
+            async for event in generation.events():
                 if response.status == "queued":
                     response.data["status"] = "in_progress"
+                if buffer is not None:
+                    buffer.record(event)
         except GenerationFailed as failure:
             response.fail(_JOB_CODES.get(failure.code, "server_error"), failure.message)
         except ApiError as error:
@@ -261,6 +327,10 @@ class ResponsesService:
                 response.cancel() if generation.cancelled else response.fail("server_error", "generation ended without a result")
             self.jobs.release(response.id)
             self._persist(response, generation.body, job.own_input, background=True, owner=generation.owner)
+            buffer = self.event_buffers.get(response.id)
+            if buffer is not None:
+                buffer.record(terminal_event(response))
+            self.event_buffers.finish(response.id)
 
     # -- retrieve / cancel / delete --------------------------------------------------------------
     def _require_store(self) -> ResponseStore:
@@ -293,6 +363,19 @@ class ResponsesService:
         if stored is None:
             raise _not_found(response_id)
         return stored.response
+
+    def event_stream(self, response_id: str, owner: Any = None):
+        """The recorded (and live) events of a response the owner may see; 404 when it has
+        none: streamed retrieval covers background jobs and stored foreground streams."""
+        job, generation, stored = self._lookup(response_id, owner)
+        if job is None and generation is None and stored is None:
+            raise _not_found(response_id)
+        if generation is not None and not generation.body.get("store", True):
+            raise _not_found(response_id)
+        buffer = self.event_buffers.get(response_id)
+        if buffer is None:
+            raise invalid(f"Response '{response_id}' has no events to stream: streamed retrieval covers background responses and streamed stored responses, while their events are kept.", param="stream")
+        return buffer
 
     def input_items(self, response_id: str, owner: Any = None) -> list[dict]:
         job, _, stored = self._lookup(response_id, owner)

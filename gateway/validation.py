@@ -47,6 +47,17 @@ INPUT_ITEM_TYPES = frozenset(
         "item_reference",
     }
 )
+# Documented ``include`` values Kiln can honour; the others name hosted tools or images.
+INCLUDE_SUPPORTED = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
+INCLUDE_UNSUPPORTED = {
+    "message.input_image.image_url": "this model takes text only, so there are no input images to include",
+    "computer_call_output.output.image_url": "hosted tools are not available on this server",
+    "file_search_call.results": "hosted tools are not available on this server",
+    "web_search_call.results": "hosted tools are not available on this server",
+    "web_search_call.action.sources": "hosted tools are not available on this server",
+    "code_interpreter_call.outputs": "hosted tools are not available on this server",
+}
+SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority"})
 CONTENT_PART_TYPES = frozenset({"input_text", "output_text", "refusal", "text", "summary_text"})
 
 
@@ -97,6 +108,34 @@ def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | No
             code="integer_above_max_value",
         )
     return value
+
+
+def check_metadata(metadata: Any) -> dict | None:
+    """OpenAI's metadata: up to 16 string values, keys up to 64 and values up to 512 characters."""
+    metadata = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
+    if metadata is not None:
+        if len(metadata) > 16:
+            raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
+        for key, value in metadata.items():
+            if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+                raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
+    return metadata
+
+
+def _check_include(body: dict) -> None:
+    """``include`` holds known values only: a typo must not pass silently, and a value Kiln
+    cannot honour (images, hosted tools) is refused with the reason rather than ignored."""
+    include = _expect(body, "include", (list,), "an array")
+    if include is None:
+        return
+    for i, value in enumerate(include):
+        param = f"include[{i}]"
+        if not isinstance(value, str):
+            raise invalid(f"Invalid type for '{param}': expected a string.", param=param)
+        if value in INCLUDE_UNSUPPORTED:
+            raise invalid(f"'include' value {value!r} is not supported: {INCLUDE_UNSUPPORTED[value]}.", param=param)
+        if value not in INCLUDE_SUPPORTED:
+            raise invalid(f"Invalid value for '{param}': {value!r} is not a known include value; supported: {', '.join(sorted(INCLUDE_SUPPORTED))}.", param=param)
 
 
 def check_for_model(body: dict, context_window: int | None) -> None:
@@ -283,6 +322,14 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
     _int_in(body, "max_tool_calls", 1)
     _number_in(body, "temperature", 0, 2)
     _number_in(body, "top_p", 0, 1)
+    _number_in(body, "presence_penalty", -2, 2)
+    _number_in(body, "frequency_penalty", -2, 2)
+    service_tier = _expect(body, "service_tier", (str,), "a string")
+    if service_tier is not None and service_tier not in SERVICE_TIERS:
+        raise invalid(f"Invalid value for 'service_tier': {service_tier!r}; expected one of {', '.join(sorted(SERVICE_TIERS))}.", param="service_tier")
+    safety_identifier = _expect(body, "safety_identifier", (str,), "a string")
+    if safety_identifier is not None and len(safety_identifier) > 64:
+        raise invalid("Invalid 'safety_identifier': at most 64 characters.", param="safety_identifier")
     top_logprobs = _expect(body, "top_logprobs", (int,), "an integer")
     if top_logprobs is not None and not 0 <= top_logprobs <= 20:
         raise invalid(f"Invalid 'top_logprobs': {top_logprobs} is out of range; expected 0 to 20.", param="top_logprobs")
@@ -293,20 +340,12 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
     out["store"] = True if body.get("store") is None else parse_bool(body.get("store"), "store")
     out["background"] = parse_bool(body.get("background"), "background")
     out["parallel_tool_calls"] = True if body.get("parallel_tool_calls") is None else parse_bool(body.get("parallel_tool_calls"), "parallel_tool_calls")
-    metadata = _expect(body, "metadata", (dict,), "an object")
-    if metadata is not None:
-        if len(metadata) > 16:
-            raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
-        for key, value in metadata.items():
-            if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
-                raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
+    check_metadata(body.get("metadata"))
     for key in ("text", "reasoning"):
         _expect(body, key, (dict,), "an object")
     if body.get("text") is not None:
         check_text_format(body["text"].get("format"))
-    include = _expect(body, "include", (list,), "an array")
-    if include is not None and not all(isinstance(x, str) for x in include):
-        raise invalid("Invalid 'include': expected an array of strings.", param="include")
+    _check_include(body)
     _expect(body, "previous_response_id", (str,), "a string")
     _expect(body, "conversation", (str, dict), "a string or an object")
     _expect(body, "prompt_cache_key", (str,), "a string")

@@ -91,6 +91,23 @@ def transcript(items: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary_budget(summarized_tokens: int, empty_summary_tokens: int, max_output_tokens: int) -> int:
+    """Tokens the summary may take: half of what it replaces (less the summary message's own
+    framing), within the request's ``max_output_tokens``. A fixed budget let a small model write
+    a summary longer than the turns it summarized, and compaction then refused ordinary
+    histories."""
+    room = summarized_tokens - empty_summary_tokens
+    return max(1, min(max_output_tokens, room // 2))
+
+
+def retry_budget(budget: int, produced: int, excess: int) -> int | None:
+    """The one retry's budget after a summary of ``produced`` tokens left the context ``excess``
+    tokens too long (after >= before): short enough to remove the excess with a margin, and at
+    most half the first budget; None when nothing shorter can be asked for."""
+    tighter = min(budget // 2, produced - excess - 8)
+    return tighter if tighter >= 1 else None
+
+
 def summary_body(items: list[dict], max_output_tokens: int) -> dict:
     """A create body whose generation is the summary."""
     return {

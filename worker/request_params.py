@@ -37,6 +37,8 @@ class Sampling:
     logprobs: bool
     seed: int | None
     max_output_tokens: int
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def params(self, room: int) -> SamplingParams:
         """SamplingParams for a prompt that leaves ``room`` tokens of the context window."""
@@ -47,6 +49,8 @@ class Sampling:
             top_logprobs=self.top_logprobs,
             logprobs=self.logprobs,
             seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
         )
 
 
@@ -83,6 +87,14 @@ def sampling_from_body(body: dict[str, Any], default_max_output_tokens: int) -> 
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed <= MAX_SEED):
         raise InvalidParam("seed", f"Invalid 'seed': expected an integer from 0 to {MAX_SEED}.")
+    penalties = []
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is None:
+            value = 0.0
+        elif not _is_finite(value) or not -2 <= value <= 2:
+            raise InvalidParam(name, f"Invalid '{name}': expected a number from -2 to 2.")
+        penalties.append(float(value))
     include = body.get("include") or []
     logprobs = bool(top_logprobs) or (isinstance(include, list) and "message.output_text.logprobs" in include)
-    return Sampling(float(temperature), float(top_p), top_logprobs, logprobs, seed, max_output)
+    return Sampling(float(temperature), float(top_p), top_logprobs, logprobs, seed, max_output, *penalties)

@@ -195,8 +195,11 @@ class GenerationService:
             if before > window:
                 return refuse(f"the history is {before} tokens, longer than the context window of {window}")
             bare = {k: v for k, v in body.items() if k not in ("instructions", "tools")}
-            split = compaction.plan(items, message.keep_tokens, lambda part: len(self.prompt_tokens({**bare, "input": part})))
-            summary_request = compaction.summary_body([items[i] for i in split.summarized], message.max_output_tokens)
+            count = lambda part: len(self.prompt_tokens({**bare, "input": part}))  # noqa: E731
+            split = compaction.plan(items, message.keep_tokens, count)
+            summarized = [items[i] for i in split.summarized]
+            budget = compaction.summary_budget(count(summarized), count([compaction.summary_message("")]), message.max_output_tokens)
+            summary_request = compaction.summary_body(summarized, budget)
             prompt = self.prompt_tokens(summary_request)
         except compaction.CompactionRefused as exc:
             return refuse(str(exc))
@@ -207,19 +210,31 @@ class GenerationService:
         if len(prompt) >= window:
             return refuse("the part to summarize does not fit the context window")
 
-        def finished(summary: str, usage: dict) -> None:
-            compacted = [items[i] for i in split.kept] + [compaction.summary_message(summary)] + [items[i] for i in split.retained]
-            after = len(self.prompt_tokens({**body, "input": compacted}))
-            if after >= before:
-                return refuse(f"the summary does not shorten the context ({after} >= {before} tokens)")
-            if after >= window:
-                return refuse("the summary does not fit the context window")
-            emit(Compacted(req_id, summary, split.kept, split.retained, before, after, usage))
+        def summarize(budget: int, spent: dict | None) -> EngineRequest:
+            def finished(summary: str, usage: dict) -> None:
+                if spent is not None:
+                    usage = {k: usage.get(k, 0) + spent.get(k, 0) for k in ("input_tokens", "output_tokens")}
+                compacted = [items[i] for i in split.kept] + [compaction.summary_message(summary)] + [items[i] for i in split.retained]
+                after = len(self.prompt_tokens({**body, "input": compacted}))
+                if after >= before and spent is None:
+                    # One retry, tighter by the excess (and at most half the first budget),
+                    # from the preparation threads: never resubmit from the scheduler's callback.
+                    tighter = compaction.retry_budget(budget, usage.get("output_tokens", 0), after - before)
+                    if tighter is not None:
+                        retry = summarize(tighter, usage)
+                        self._prepare(req_id, lambda: self._submit(req_id, retry, emit), emit)
+                        return
+                if after >= before:
+                    return refuse(f"the summary does not shorten the context ({after} >= {before} tokens)")
+                if after >= window:
+                    return refuse("the summary does not fit the context window")
+                emit(Compacted(req_id, summary, split.kept, split.retained, before, after, usage))
 
-        collector = _Collector(self, req_id, len(prompt), finished, emit)
-        params = SamplingParams(temperature=0.0, max_tokens=max(1, min(message.max_output_tokens, window - len(prompt))))
-        request = EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step)
-        self._submit(req_id, request, emit)
+            collector = _Collector(self, req_id, len(prompt), finished, emit)
+            params = SamplingParams(temperature=0.0, max_tokens=max(1, min(budget, window - len(prompt))))
+            return EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step)
+
+        self._submit(req_id, summarize(budget, None), emit)
 
     def _generate(self, message: Generate, sampling: Any, emit: Emit) -> None:
         req_id, body = message.req_id, message.body
@@ -286,6 +301,7 @@ class _Run:
             router=router,
             want_logprobs=params.logprobs,
             namespaces=_namespaces(body.get("tools") or []),
+            max_tool_calls=body.get("max_tool_calls") if isinstance(body.get("max_tool_calls"), int) else None,
         )
         self.want_logprobs = params.logprobs
         self.failed = False

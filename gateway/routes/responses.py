@@ -18,8 +18,9 @@ from ..lifecycle import ResponseRun
 from ..compaction import expand_items
 from ..history import expand
 from ..responses_service import ResponsesService
-from ..sse import EventSequencer
-from ..validation import validate_create
+from ..sse import EventSequencer, frame_numbered
+from ..store.events import TooOld
+from ..validation import parse_bool, validate_create
 from ..workers import SESSION_FIELD, SESSION_HEADERS
 
 
@@ -164,7 +165,7 @@ async def _while_connected(watch: DisconnectWatch, work: Awaitable[T]) -> T:
 async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
     """The SSE body. If the client goes away Starlette cancels this generator; its ``finally``
     then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
-    seq = EventSequencer()
+    seq = EventSequencer(on_event=run.service.stream_recorder(run.generation))  # streamed retrieval
     try:
         yield seq.frame({"type": "response.created", "response": opening})
         yield seq.frame({"type": "response.in_progress", "response": opening})
@@ -180,7 +181,35 @@ async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
 
 
 async def get_response(request: Request) -> Response:
-    return JSONResponse(_service(request).get(request.path_params["response_id"], _owner(request)))
+    params = request.query_params
+    rid = request.path_params["response_id"]
+    if not parse_bool(params.get("stream", "false"), "stream"):
+        return JSONResponse(_service(request).get(rid, _owner(request)))
+    after = params.get("starting_after")
+    starting_after = None
+    if after is not None:
+        try:
+            starting_after = int(after)
+        except ValueError:
+            raise invalid("Invalid 'starting_after': expected an integer sequence number.", param="starting_after")
+    buffer = _service(request).event_stream(rid, _owner(request))
+    events = buffer.follow(starting_after)
+    try:
+        first = await events.__anext__()
+    except TooOld as too_old:
+        raise invalid(f"Invalid 'starting_after': events up to sequence number {too_old.oldest - 1} are no longer kept for '{rid}'.", param="starting_after")
+    except StopAsyncIteration:
+        first = None
+    return StreamingResponse(_replay(first, events), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _replay(first: dict | None, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    """Recorded events, already numbered; a client that leaves only stops its own reading."""
+    if first is None:
+        return
+    yield frame_numbered(first)
+    async for event in events:
+        yield frame_numbered(event)
 
 
 async def delete_response(request: Request) -> Response:
@@ -258,7 +287,7 @@ async def input_tokens(request: Request) -> Response:
         model = service.pool.require(body["model"])
         body["model"] = model
         history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
+        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(service.resolve_references(body["input"], _owner(request))), _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
             count = await _while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))

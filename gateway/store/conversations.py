@@ -1,27 +1,130 @@
-"""Per-conversation transcripts for requests that name a ``conversation``."""
+"""Conversations: what ``/v1/conversations`` manages and what ``conversation`` on create reads.
+
+One conversation is one entry of a byte-, entry- and TTL-bounded LRU (the spec's conversation
+store flags), keyed by the owner and the id so that tenants never share one. Items are kept in the
+form the Conversations API lists them (each with an ``id`` and a ``status``, message content as
+parts), which is also the form ``item_reference`` resolves to; ``transcript`` gives them back as
+input items to render.
+
+A conversation named on create that does not exist is started then (Kiln's ad-hoc ids, which the
+spec's transcript store always accepted); conversations made with ``POST /v1/conversations`` have
+``conv_…`` ids.
+"""
 
 from __future__ import annotations
 
+import time
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from .lru import BoundedLRU, approx_bytes
 
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs", "compaction": "cmp"}
+
+
+def new_conversation_id() -> str:
+    return "conv_" + uuid.uuid4().hex
+
+
+def as_resource_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input or output item as a stored item resource: an id, a status, content as parts."""
+    kind = item.get("type") or ("message" if "role" in item else None)
+    out = {**item, "type": kind}
+    if kind == "message" and isinstance(out.get("content"), str):
+        part = "output_text" if out.get("role") == "assistant" else "input_text"
+        out["content"] = [{"type": part, "text": out["content"]}]
+    if kind == "message":
+        out["content"] = [_with_part_fields(p) for p in out.get("content") or []]
+    if not out.get("id"):
+        out["id"] = f"{_ID_PREFIX.get(kind or '', 'item')}_{uuid.uuid4().hex}"
+    if kind in ("message", "function_call", "function_call_output", "reasoning") and not out.get("status"):
+        out["status"] = "completed"
+    return out
+
+
+def _with_part_fields(part: Any) -> Any:
+    """``output_text`` parts carry ``annotations`` (the item schemas require it)."""
+    if isinstance(part, dict) and part.get("type") == "output_text" and "annotations" not in part:
+        return {**part, "annotations": []}
+    return part
+
+
+def as_input_item(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item as an input item to render (``status`` is an output-only field)."""
+    return {k: v for k, v in item.items() if k != "status"}
+
+
+@dataclass
+class Conversation:
+    id: str
+    created_at: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def resource(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "conversation", "created_at": self.created_at, "metadata": dict(self.metadata)}
+
+    def find(self, item_id: str) -> dict[str, Any] | None:
+        return next((i for i in self.items if i.get("id") == item_id), None)
+
 
 class ConversationStore:
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float) -> None:
-        self._lru: BoundedLRU[list[dict[str, Any]]] = BoundedLRU(max_entries, max_bytes, ttl_s)
+        self._lru: BoundedLRU[Conversation] = BoundedLRU(max_entries, max_bytes, ttl_s)
 
     @property
     def enabled(self) -> bool:
         return self._lru.enabled
 
-    def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
-        return list(self._lru.get(conversation_id) or [])
+    def _keep(self, key: str, conv: Conversation) -> None:
+        self._lru.resize(key, conv, approx_bytes(conv.items) + approx_bytes(conv.metadata) + 64)
 
-    def append(self, conversation_id: str, items: list[dict[str, Any]]) -> None:
-        transcript = (self._lru.get(conversation_id) or []) + items
-        self._lru.resize(conversation_id, transcript, approx_bytes(transcript))
+    # -- the Conversations API ---------------------------------------------------------------------
+    def create(self, key: str, conv: Conversation) -> bool:
+        """Keep a new conversation; False when it does not fit the byte budget."""
+        return self._lru.put(key, conv, approx_bytes(conv.items) + approx_bytes(conv.metadata) + 64)
 
-    def replace(self, conversation_id: str, items: list[dict[str, Any]]) -> None:
-        """Swap the transcript for a compacted one."""
-        self._lru.resize(conversation_id, list(items), approx_bytes(items))
+    def get(self, key: str) -> Conversation | None:
+        return self._lru.get(key)
+
+    def delete(self, key: str) -> bool:
+        return self._lru.delete(key)
+
+    def set_metadata(self, key: str, metadata: dict[str, str]) -> Conversation | None:
+        conv = self._lru.get(key)
+        if conv is not None:
+            conv.metadata = dict(metadata)
+            self._keep(key, conv)
+        return conv
+
+    def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> Conversation:
+        """Append items (as resources), starting the conversation if it does not exist."""
+        conv = self._lru.get(key)
+        if conv is None:
+            conv = Conversation(conversation_id or key, int(time.time()))
+        conv.items = conv.items + [as_resource_item(i) for i in items]
+        self._keep(key, conv)
+        return conv
+
+    def delete_item(self, key: str, item_id: str) -> Conversation | None:
+        conv = self._lru.get(key)
+        if conv is None or conv.find(item_id) is None:
+            return None
+        conv.items = [i for i in conv.items if i.get("id") != item_id]
+        self._keep(key, conv)
+        return conv
+
+    # -- what create reads and writes ------------------------------------------------------------
+    def transcript(self, key: str) -> list[dict[str, Any]]:
+        conv = self._lru.get(key)
+        return [as_input_item(i) for i in conv.items] if conv is not None else []
+
+    def append(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> None:
+        self.add_items(key, items, conversation_id=conversation_id)
+
+    def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> None:
+        """Swap the items for a compacted history (metadata and creation time stay)."""
+        conv = self._lru.get(key) or Conversation(conversation_id or key, int(time.time()))
+        conv.items = [as_resource_item(i) for i in items]
+        self._keep(key, conv)

@@ -105,8 +105,9 @@ def _api_validator(ref: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator({**json.loads(API_SCHEMA_PATH.read_text()), "$ref": f"#/$defs/{ref}"})
 
 
-def assert_component(obj: Any, ref: str) -> None:
-    """``obj`` conforms to ``$defs/<ref>`` of the whole-API bundle, e.g. CreateChatCompletionResponse."""
+def assert_api_object(ref: str, obj: Any) -> None:
+    """An object against the whole-API bundle (Conversations, Chat Completions, WebSocket frames
+    as well as Responses): ``ref`` names its ``$defs`` component, e.g. ``ConversationResource``."""
     error = best_match(_api_validator(ref).iter_errors(obj))
     if error is not None:
         path = "/".join(str(p) for p in error.absolute_path)

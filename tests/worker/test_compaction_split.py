@@ -57,3 +57,24 @@ def test_split_keeps_calls_with_outputs(items, keep):
     if first != latest_user:  # extended beyond the latest turn only while it fits
         assert size(retained) <= keep
     assert all(items[i].get("role") in ("system", "developer") for i in p.kept)
+
+
+# -- the summary's budget (issue 15): bounded by what is summarized, one tighter retry ----------
+from kiln.worker.compaction import retry_budget, summary_budget  # noqa: E402
+
+
+@given(st.integers(1, 100_000), st.integers(0, 200), st.integers(1, 16384))
+def test_summary_budget_is_bounded_by_what_it_replaces(summarized, framing, max_out):
+    budget = summary_budget(summarized, framing, max_out)
+    assert 1 <= budget <= max_out
+    if summarized - framing >= 2:
+        # A summary of at most ``budget`` tokens plus its framing is shorter than the turns.
+        assert framing + budget < summarized
+
+
+@given(st.integers(1, 16384), st.integers(0, 16384), st.integers(0, 16384))
+def test_retry_budget_is_tighter_or_none(budget, produced, excess):
+    tighter = retry_budget(budget, produced, excess)
+    if tighter is not None:
+        assert 1 <= tighter <= budget // 2
+        assert tighter < produced - excess

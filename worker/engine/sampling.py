@@ -56,13 +56,41 @@ class RandomSampler:
         return mx.random.categorical(logprobs * self._inv_temp)
 
 
+class PenalizedSampler:
+    """OpenAI's presence and frequency penalties over the tokens this request has generated:
+    each token's logit is lowered by ``frequency * count + presence * (count > 0)`` before the
+    inner sampler picks. The counts live in a vocab-sized array updated lazily per token, so a
+    penalized request keeps to its own row and never blocks the batch. Shifting logprobs instead
+    of logits picks the same tokens (a row's log-softmax differs from its logits by a constant)."""
+
+    def __init__(self, inner: Sampler, presence: float, frequency: float) -> None:
+        self._inner = inner
+        self._presence = presence
+        self._frequency = frequency
+        self._counts: mx.array | None = None
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        vocab = logprobs.shape[-1]
+        if self._counts is None:
+            self._counts = mx.zeros((vocab,), dtype=mx.float32)
+        counts = self._counts
+        adjusted = logprobs - (counts * self._frequency + (counts > 0).astype(mx.float32) * self._presence).astype(logprobs.dtype)
+        token = self._inner(adjusted)
+        self._counts = counts + (mx.arange(vocab) == token.reshape(-1)[0]).astype(mx.float32)
+        return token
+
+
 def make_sampler(params: SamplingParams) -> Sampler:
     """The sampler a request's settings call for."""
     if params.greedy:
-        return greedy
-    if params.seed is not None:
-        return SeededSampler(params.temperature, params.top_p, params.seed)
-    return RandomSampler(params.temperature, params.top_p)
+        inner: Sampler = greedy
+    elif params.seed is not None:
+        inner = SeededSampler(params.temperature, params.top_p, params.seed)
+    else:
+        inner = RandomSampler(params.temperature, params.top_p)
+    if params.presence_penalty or params.frequency_penalty:
+        return PenalizedSampler(inner, params.presence_penalty, params.frequency_penalty)
+    return inner
 
 
 def sample_rows(logprobs: mx.array, samplers: list[Sampler]) -> mx.array:

@@ -39,6 +39,9 @@ class SamplingParams:
     top_logprobs: int = 0  # 0..20: report this many alternatives per step
     logprobs: bool = False  # report the chosen token's logprob
     seed: int | None = None
+    # OpenAI's penalties on tokens already generated: logits -= frequency * count + presence * (count > 0).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def validate(self) -> None:
         """Reject settings the sampler cannot honour, before the request is queued (a bad value
@@ -53,6 +56,10 @@ class SamplingParams:
             raise ValueError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise ValueError(f"seed must be an integer in 0..{MAX_SEED}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be a number in -2..2")
 
     @property
     def greedy(self) -> bool:

@@ -75,8 +75,11 @@ class OutputAssembler:
         router: TextRouter | None = None,
         want_logprobs: bool = False,
         namespaces: dict[str, str] | None = None,
+        max_tool_calls: int | None = None,
     ) -> None:
         self._emit = emit
+        # ``max_tool_calls``: calls past this many are parsed but never emitted.
+        self._max_calls = max_tool_calls
         self._router = router or PlainRouter()
         self._want_logprobs = want_logprobs
         self._namespaces = namespaces or {}
@@ -222,7 +225,7 @@ class OutputAssembler:
         return item
 
     def _open_call(self, index: int, name: str) -> None:
-        if index in self._calls:
+        if index in self._calls or (self._max_calls is not None and index >= self._max_calls):
             return
         if self._reasoning is not None:
             self._close_reasoning()
@@ -238,6 +241,8 @@ class OutputAssembler:
         self._emit({"type": "response.function_call_arguments.delta", "item_id": call.item["id"], "output_index": call.index, "delta": delta})
 
     def _close_calls(self, calls: list[Call], incomplete: bool) -> None:
+        if self._max_calls is not None:
+            calls = calls[: self._max_calls]
         for index, final in enumerate(calls):
             call = self._calls.get(index)
             if call is None:

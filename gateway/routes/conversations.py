@@ -1,0 +1,203 @@
+"""``/v1/conversations``: OpenAI's Conversations API over the conversation store.
+
+Thin adapters: the store (gateway/store/conversations.py) holds the conversations, keyed per
+organization in hosted mode; responses created with ``conversation`` append to the same records.
+Objects are OpenAI's ``ConversationResource``, ``ConversationItemList`` and
+``DeletedConversationResource``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..body import read_json
+from ..errors import ApiError, invalid
+from ..history import conversation_key
+from ..responses_service import ResponsesService
+from ..store.conversations import Conversation, ConversationStore, new_conversation_id
+from ..validation import check_metadata, normalize_input
+
+MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call
+
+
+def _service(request: Request) -> ResponsesService:
+    return request.app.state.responses
+
+
+def _owner(request: Request) -> Any:
+    return getattr(request.scope.get("kiln.principal"), "org_id", None)
+
+
+def _store(request: Request) -> ConversationStore:
+    service = _service(request)
+    if service.settings.store_mode == "none":
+        raise ApiError(404, "Conversations are not stored on this gateway; send the whole conversation in 'input'.", code="not_found")
+    if not service.conversations.enabled:
+        raise invalid("The conversation store is disabled on this server (--conversation-store-max-entries 0).")
+    return service.conversations
+
+
+def _key(request: Request) -> str:
+    return conversation_key(request.path_params["conversation_id"], _owner(request))
+
+
+def _require(request: Request) -> Conversation:
+    conv = _store(request).get(_key(request))
+    if conv is None:
+        cid = request.path_params["conversation_id"]
+        raise ApiError(404, f"Conversation with id '{cid}' not found.", code="not_found", param="conversation_id")
+    return conv
+
+
+async def _body(request: Request) -> dict:
+    raw = await read_json(request, request.app.state.settings.max_body_bytes)
+    if not isinstance(raw, dict):
+        raise invalid("The request body must be a JSON object.")
+    return raw
+
+
+def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise invalid(f"Invalid type for '{param}': expected an array of items.", param=param)
+    if len(raw) > MAX_ITEMS_PER_CALL:
+        raise invalid(f"Invalid '{param}': at most {MAX_ITEMS_PER_CALL} items may be added at a time.", param=param)
+    try:
+        items = normalize_input(raw)
+    except ApiError as error:  # the checks name input[i]; here the field is ``param``
+        error.message = error.message.replace("'input", f"'{param}")
+        error.param = (error.param or "").replace("input", param, 1) or param
+        raise
+    if any(i.get("type") in ("compaction_trigger",) for i in items):
+        raise invalid(f"Invalid '{param}': a compaction_trigger is a request, not a conversation item.", param=param)
+    return service.unseal_items(service.resolve_references(items, owner))
+
+
+def _index(request: Request, conv: Conversation) -> None:
+    _service(request).items.add(_owner(request), conv.items, ("conversation", _key(request)))
+
+
+async def create_conversation(request: Request) -> Response:
+    raw = await _body(request)
+    store = _store(request)
+    metadata = check_metadata(raw.get("metadata")) or {}
+    items = _items(raw.get("items"), "items", _service(request), _owner(request))
+    conv = Conversation(new_conversation_id(), int(time.time()), metadata)
+    key = conversation_key(conv.id, _owner(request))
+    if not store.create(key, conv):
+        raise invalid("The conversation does not fit the conversation store's byte budget.")
+    if items:
+        conv = store.add_items(key, items, conversation_id=conv.id)
+    _service(request).items.add(_owner(request), conv.items, ("conversation", key))
+    return JSONResponse(conv.resource())
+
+
+async def get_conversation(request: Request) -> Response:
+    return JSONResponse(_require(request).resource())
+
+
+async def update_conversation(request: Request) -> Response:
+    raw = await _body(request)
+    _require(request)
+    if "metadata" not in raw:
+        raise invalid("Missing required parameter: 'metadata'.", param="metadata", code="missing_required_parameter")
+    metadata = check_metadata(raw.get("metadata")) or {}
+    conv = _store(request).set_metadata(_key(request), metadata)
+    assert conv is not None
+    return JSONResponse(conv.resource())
+
+
+async def delete_conversation(request: Request) -> Response:
+    conv = _require(request)
+    _store(request).delete(_key(request))
+    return JSONResponse({"id": conv.id, "object": "conversation.deleted", "deleted": True})
+
+
+def _page(items: list[dict], request: Request) -> dict:
+    params = request.query_params
+    order = params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("Invalid 'order': expected 'asc' or 'desc'.", param="order")
+    try:
+        limit = int(params.get("limit", "20"))
+    except ValueError:
+        raise invalid("Invalid 'limit': expected an integer.", param="limit")
+    if not 1 <= limit <= 100:
+        raise invalid("Invalid 'limit': expected 1 to 100.", param="limit")
+    for value in params.getlist("include"):
+        if value not in ("message.output_text.logprobs", "reasoning.encrypted_content"):
+            raise invalid(f"Invalid value for 'include': {value!r} is not supported here.", param="include")
+    ordered = list(reversed(items)) if order == "desc" else list(items)
+    after = params.get("after")
+    if after is not None:
+        ids = [i.get("id") for i in ordered]
+        if after not in ids:
+            raise invalid(f"Invalid 'after': no item '{after}' in this conversation.", param="after")
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return _item_list(page, has_more=len(ordered) > limit)
+
+
+def _item_list(page: list[dict], *, has_more: bool = False) -> dict:
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0].get("id") if page else None,
+        "last_id": page[-1].get("id") if page else None,
+        "has_more": has_more,
+    }
+
+
+async def list_items(request: Request) -> Response:
+    return JSONResponse(_page(_require(request).items, request))
+
+
+async def add_items(request: Request) -> Response:
+    raw = await _body(request)
+    _require(request)
+    if "items" not in raw:
+        raise invalid("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
+    items = _items(raw.get("items"), "items", _service(request), _owner(request))
+    conv = _require(request)
+    before = len(conv.items)
+    conv = _store(request).add_items(_key(request), items, conversation_id=conv.id)
+    _index(request, conv)
+    return JSONResponse(_item_list(conv.items[before:]))
+
+
+def _require_item(request: Request, conv: Conversation) -> dict:
+    item_id = request.path_params["item_id"]
+    item = conv.find(item_id)
+    if item is None:
+        raise ApiError(404, f"Item with id '{item_id}' not found in conversation '{conv.id}'.", code="not_found", param="item_id")
+    return item
+
+
+async def get_item(request: Request) -> Response:
+    conv = _require(request)
+    return JSONResponse(_require_item(request, conv))
+
+
+async def delete_item(request: Request) -> Response:
+    conv = _require(request)
+    _require_item(request, conv)
+    conv = _store(request).delete_item(_key(request), request.path_params["item_id"])
+    assert conv is not None
+    return JSONResponse(conv.resource())
+
+
+ROUTES: list[tuple[str, Any, list[str]]] = [
+    ("/conversations", create_conversation, ["POST"]),
+    ("/conversations/{conversation_id}", get_conversation, ["GET"]),
+    ("/conversations/{conversation_id}", update_conversation, ["POST"]),
+    ("/conversations/{conversation_id}", delete_conversation, ["DELETE"]),
+    ("/conversations/{conversation_id}/items", list_items, ["GET"]),
+    ("/conversations/{conversation_id}/items", add_items, ["POST"]),
+    ("/conversations/{conversation_id}/items/{item_id}", get_item, ["GET"]),
+    ("/conversations/{conversation_id}/items/{item_id}", delete_item, ["DELETE"]),
+]

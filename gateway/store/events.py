@@ -1,0 +1,116 @@
+"""Per-response event buffers for streamed retrieval (``GET /v1/responses/{id}?stream=true``).
+
+A background job's stream events are recorded here with the sequence numbers a live stream would
+have given them (gateway/sse.py numbers them the same way), so a client can replay them after any
+``starting_after`` and then follow the live ones until the terminal event. Each buffer keeps the
+last ``max_events`` events (older ones are dropped; a ``starting_after`` before the oldest kept
+is refused), and finished buffers stay readable for the ``max_finished`` most recent responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+DEFAULT_MAX_EVENTS = 4096
+DEFAULT_MAX_FINISHED = 256
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class TooOld(Exception):
+    """``starting_after`` names an event the buffer no longer holds."""
+
+    def __init__(self, oldest: int) -> None:
+        super().__init__(oldest)
+        self.oldest = oldest
+
+
+class EventBuffer:
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self._next = 0
+        self.done = False
+        self._changed = asyncio.Event()
+
+    def record(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Number ``event`` and keep it; returns the numbered event."""
+        stamped = {**event, "sequence_number": self._next}
+        self._next += 1
+        self._events.append(stamped)
+        if stamped.get("type") in TERMINAL_EVENTS:
+            self.done = True
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return stamped
+
+    def keep(self, stamped: dict[str, Any]) -> None:
+        """Keep an event numbered elsewhere (a live foreground stream's own sequencer); ignored
+        once the buffer has ended."""
+        if self.done:
+            return
+        self._next = stamped["sequence_number"] + 1
+        self._events.append(stamped)
+        if stamped.get("type") in TERMINAL_EVENTS:
+            self.done = True
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """No more events will come (the job ended without a terminal event being recorded)."""
+        self.done = True
+        self._changed.set()
+
+    async def follow(self, starting_after: int | None) -> AsyncIterator[dict[str, Any]]:
+        """Events after ``starting_after`` (all without it), then live ones until the end.
+
+        Raises TooOld before yielding anything when events after ``starting_after`` were dropped."""
+        after = -1 if starting_after is None else starting_after
+        oldest = self._events[0]["sequence_number"] if self._events else self._next
+        if after + 1 < oldest:
+            raise TooOld(oldest)
+        while True:
+            waiter = self._changed
+            pending = [e for e in self._events if e["sequence_number"] > after]
+            for event in pending:
+                yield event
+                after = event["sequence_number"]
+            if self.done and not any(e["sequence_number"] > after for e in self._events):
+                return
+            if not pending:
+                await waiter.wait()
+
+
+class EventBuffers:
+    """The buffers of in-flight responses, and of the most recently finished ones."""
+
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, max_finished: int = DEFAULT_MAX_FINISHED) -> None:
+        self.max_events = max_events
+        self.max_finished = max_finished
+        self._live: dict[str, EventBuffer] = {}
+        self._finished: OrderedDict[str, EventBuffer] = OrderedDict()
+
+    def open(self, response_id: str) -> EventBuffer:
+        buffer = EventBuffer(self.max_events)
+        self._live[response_id] = buffer
+        return buffer
+
+    def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
+        """The response ended: record ``terminal`` unless one was, and keep it as finished."""
+        buffer = self._live.pop(response_id, None)
+        if buffer is None:
+            return
+        if terminal is not None and not buffer.done:
+            buffer.record(terminal)
+        buffer.close()
+        self._finished[response_id] = buffer
+        while len(self._finished) > self.max_finished:
+            self._finished.popitem(last=False)
+
+    def get(self, response_id: str) -> EventBuffer | None:
+        return self._live.get(response_id) or self._finished.get(response_id)
+
+    def forget(self, response_id: str) -> None:
+        self._live.pop(response_id, None)
+        self._finished.pop(response_id, None)

@@ -1,0 +1,64 @@
+"""In hosted mode with the store on, conversations and item references are per organization:
+another organization's ids are unknown to it (404 / 400), never readable (issue 15)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.gateway.app import create_app
+from kiln.gateway.settings import Settings
+from tests.conformance import assert_error
+from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
+
+
+@pytest.fixture
+async def hosted(tmp_path):
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="memory", admin_token="admin-secret")
+    app = create_app(settings, pool=FakePool())
+    await app.state.accounts.open()
+    keys = []
+    for org in ("acme", "globex"):
+        await create_org(app.state.accounts.db, org, credits_usd=10)
+        keys.append((await create_key(app.state.accounts.db, org)).key)
+    try:
+        yield app, keys
+    finally:
+        await app.state.accounts.close()
+
+
+async def test_references_and_conversations_stay_in_their_organization(hosted):
+    app, (acme, globex) = hosted
+    a = {"Authorization": f"Bearer {acme}"}
+    g = {"Authorization": f"Bearer {globex}"}
+    async with client_for(app) as c:
+        r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "secret plan"}, headers=a))
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+        items = (await bounded(c.get(f"/v1/responses/{rid}/input_items", headers=a))).json()["data"]
+        ref = {"model": MODEL, "input": [{"type": "item_reference", "id": items[0]["id"]}]}
+        assert (await bounded(c.post("/v1/responses", json=ref, headers=a))).status_code == 200
+        foreign = await bounded(c.post("/v1/responses", json=ref, headers=g))
+        assert foreign.status_code == 400 and items[0]["id"] in foreign.json()["error"]["message"]
+        assert_error(foreign.json())
+
+        conv = (await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "hi"}]}, headers=a))).json()
+        assert (await bounded(c.get(f"/v1/conversations/{conv['id']}", headers=a))).status_code == 200
+        for method, path in (("GET", ""), ("GET", "/items"), ("DELETE", "")):
+            r = await bounded(c.request(method, f"/v1/conversations/{conv['id']}{path}", headers=g))
+            assert r.status_code == 404, (method, path, r.text)
+        conv_item = (await bounded(c.get(f"/v1/conversations/{conv['id']}/items", headers=a))).json()["data"][0]
+        ref = {"model": MODEL, "input": [{"type": "item_reference", "id": conv_item["id"]}]}
+        assert (await bounded(c.post("/v1/responses", json=ref, headers=g))).status_code == 400
+        assert (await bounded(c.post("/v1/responses", json=ref, headers=a))).status_code == 200
+        assert (await bounded(c.post("/v1/conversations", json={}))).status_code == 401
+
+
+async def test_store_none_has_no_conversations(tmp_path):
+    app = create_app(Settings(store_mode="none"), pool=FakePool())
+    async with client_for(app) as c:
+        r = await bounded(c.post("/v1/conversations", json={}))
+    assert r.status_code == 404
+    assert_error(r.json())
