@@ -112,3 +112,8 @@ def assert_api_object(ref: str, obj: Any) -> None:
     if error is not None:
         path = "/".join(str(p) for p in error.absolute_path)
         raise AssertionError(f"{ref} does not conform at '{path}': {error.message}\n{json.dumps(obj)[:2000]}")
+
+
+def assert_component(obj: Any, ref: str) -> None:
+    """``obj`` conforms to ``$defs/<ref>`` of the whole-API bundle, e.g. CreateChatCompletionResponse."""
+    assert_api_object(ref, obj)
