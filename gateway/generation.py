@@ -150,9 +150,9 @@ class Generation:
         return event
 
 
-def complete_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
-    """A worker's usage map with every field the Responses schema requires."""
-    return Usage.from_map(usage).to_map()
+def complete_usage(usage: Usage | dict[str, Any] | None) -> dict[str, Any]:
+    """A usage (a worker's map, or a Usage) as the complete map the Responses schema requires."""
+    return (usage if isinstance(usage, Usage) else Usage.from_map(usage)).to_map()
 
 
 def terminal_event(response: ResponseObject) -> dict[str, Any]:

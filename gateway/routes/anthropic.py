@@ -157,7 +157,7 @@ async def _stop_at_sequence(run: ResponseRun, events: AsyncIterator[dict[str, An
     """A stop sequence ended the message: close the worker channel (the worker stops) and finish
     the response as completed with the usage of what was generated, which is what is billed."""
     await events.aclose()  # type: ignore[attr-defined]
-    run.response.finish("completed", complete_usage(run.generation.delivered_usage or {}))
+    run.response.finish("completed", complete_usage(run.generation.delivered_usage))
 
 
 async def _first(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:
@@ -179,7 +179,8 @@ async def _stream(run: ResponseRun, translator: MessageTranslator, events: Async
     prompt's token count). A client that leaves cancels this generator, whose ``finally``
     finishes the run as cut; a failure later on ends the stream with an ``error`` event."""
     try:
-        for out in translator.start_events(run.generation.delivered_usage):
+        delivered = run.generation.delivered_usage
+        for out in translator.start_events(delivered.to_map() if delivered is not None else None):
             yield _frame(out)
         try:
             async for event in _chained(first, events):

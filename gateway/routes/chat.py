@@ -85,7 +85,7 @@ async def serve_door(request: Request, translate: Callable[[dict], ChatRequest],
     finally:
         await watch.stop()
         cost = await run.finish()  # before the body leaves: a client that got it is billed
-    return JSONResponse(translator.completion(run.response.status, run.billable_usage(client_gone=False), cost))
+    return JSONResponse(translator.completion(run.response.status, run.billable_usage(client_gone=False).to_map(), cost))
 
 
 async def _translated(run: ResponseRun, translator: ChatTranslator) -> AsyncIterator[dict[str, Any]]:
@@ -129,7 +129,7 @@ async def _stream(run: ResponseRun, translator: ChatTranslator) -> AsyncIterator
         else:
             yield frame(translator.closing(run.response.status))
             if translator.include_usage:
-                yield frame(translator.usage_chunk(run.billable_usage(client_gone=False)))
+                yield frame(translator.usage_chunk(run.billable_usage(client_gone=False).to_map()))
         yield DONE
     finally:
         await run.finish(client_gone=True)  # a no-op when the run finished above
