@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ..admission import admit
 from ..compaction import expand_items
@@ -28,15 +28,9 @@ from ..generation import GenerationFailed, complete_usage
 from ..generation import count_tokens as worker_count_tokens
 from ..history import expand
 from ..lifecycle import ResponseRun
-from .responses import (
-    ClientDisconnected,
-    DisconnectWatch,
-    _owner,
-    _read,
-    _service,
-    _validated,
-    _while_connected,
-)
+from .door import ClientDisconnected, DisconnectWatch, drain_run, read_body, start_run, stream_run, validated, while_connected
+from .door import owner as _owner
+from .door import service as _service
 
 
 def _error(error: ApiError) -> JSONResponse:
@@ -81,24 +75,20 @@ async def create_message(request: Request) -> Response:
 
 async def _create(request: Request) -> Response:
     service = _service(request)
-    raw = await _read(request)
+    raw = await read_body(request)
     spec = to_responses_body(raw)
     ticket = await admit(request, spec.body)
     watch = DisconnectWatch(request)
-    try:
-        body = _validated(request, spec.body)
+
+    async def make_run() -> ResponseRun:
+        body = validated(request, spec.body)
         _cap_max_tokens(service, body)
         generation, own_input = service.prepare(body, _owner(request))
-        run = ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
-        await _while_connected(watch, run.start())
-    except ClientDisconnected:
-        await watch.stop()
-        await ticket.close()
-        return Response(status_code=499)
-    except BaseException:
-        await watch.stop()
-        await ticket.close()
-        raise
+        return ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
+
+    run = await start_run(ticket, watch, make_run)
+    if isinstance(run, Response):
+        return run
     translator = _translator(request, spec)
     if spec.stream:
         # The first event is awaited before the stream opens, so that a request refused by the
@@ -106,7 +96,7 @@ async def _create(request: Request) -> Response:
         # answers, rather than a 200 with an error event.
         events = run.events()
         try:
-            first = await _while_connected(watch, _first(events))
+            first = await while_connected(watch, _first(events))
         except GenerationFailed as failure:
             await watch.stop()
             await run.finish()
@@ -119,25 +109,11 @@ async def _create(request: Request) -> Response:
             await watch.stop()
             await run.finish(client_gone=True)
             raise
-        if await watch.stop():
-            await run.finish(client_gone=True)
-            return Response(status_code=499)
-        return StreamingResponse(
-            _stream(run, translator, events, first),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    try:
-        await _while_connected(watch, _drain(run, translator))
-    except GenerationFailed as failure:
-        await run.finish()
-        raise failure.api_error()
-    except ClientDisconnected:
-        await run.finish(client_gone=True)
-        return Response(status_code=499)
-    finally:
-        await watch.stop()
-        cost = await run.finish()  # before the body leaves: a client that got it is billed
+        return await stream_run(run, watch, _stream(run, translator, events, first))
+    cut = await drain_run(run, watch, _drain(run, translator))
+    if cut is not None:
+        return cut
+    cost = await run.finish()
     message = translator.message(run.response.status, _final_usage(run))
     if cost is not None:
         message["usage"]["cost"] = float(cost)
@@ -211,18 +187,18 @@ async def _count(request: Request) -> Response:
     """The prompt's length in tokens, rendered exactly as a create with the same body would be
     (so it equals that message's ``input_tokens + cache_read_input_tokens``)."""
     service = _service(request)
-    raw = await _read(request)
+    raw = await read_body(request)
     spec = to_responses_body(raw, count_only=True)
     ticket = await admit(request, spec.body, reserve=False)  # key scope, credits; not billed
     try:
-        body = _validated(request, spec.body)
+        body = validated(request, spec.body)
         model = service.pool.require(body["model"])
         body["model"] = model
         history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
         body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
-            count = await _while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+            count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
         finally:
             await watch.stop()
         return JSONResponse({"input_tokens": count})

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ..admission import admit
 from ..doors.chat import ChatTranslator
@@ -22,15 +22,9 @@ from ..doors.chat_request import ChatRequest, translate_chat
 from ..generation import GenerationFailed, complete_usage
 from ..lifecycle import ResponseRun
 from ..response_object import zero_usage
-from .responses import (
-    ClientDisconnected,
-    DisconnectWatch,
-    _owner,
-    _read,
-    _service,
-    _validated,
-    _while_connected,
-)
+from .door import DisconnectWatch, drain_run, read_body, start_run, stream_run, validated
+from .door import owner as _owner
+from .door import service as _service
 
 
 def frame(payload: dict[str, Any]) -> bytes:
@@ -48,43 +42,25 @@ async def serve_door(request: Request, translate: Callable[[dict], ChatRequest],
     """A chat-shaped door (Chat Completions, legacy Completions): translate the body, admit,
     validate and run it like ``/v1/responses``, and frame the run with ``translator_class``."""
     service = _service(request)
-    chat = translate(await _read(request))
+    chat = translate(await read_body(request))
     ticket = await admit(request, chat.body)
     watch = DisconnectWatch(request)
-    try:
-        body = _validated(request, chat.body)
+
+    async def make_run() -> ResponseRun:
+        body = validated(request, chat.body)
         generation, own_input = service.prepare(body, _owner(request))
-        run = ResponseRun(service, generation, own_input, ticket, streaming=chat.stream)
-        await _while_connected(watch, run.start())
-    except ClientDisconnected:
-        await watch.stop()
-        await ticket.close()
-        return Response(status_code=499)
-    except BaseException:
-        await watch.stop()
-        await ticket.close()
-        raise
+        return ResponseRun(service, generation, own_input, ticket, streaming=chat.stream)
+
+    run = await start_run(ticket, watch, make_run)
+    if isinstance(run, Response):
+        return run
     translator = translator_class(run.response.id, run.generation.model, logprobs=chat.logprobs, stop=chat.stop, include_usage=chat.include_usage)
     if chat.stream:
-        if await watch.stop():
-            await run.finish(client_gone=True)
-            return Response(status_code=499)
-        return StreamingResponse(
-            _stream(run, translator),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    try:
-        await _while_connected(watch, _drain(run, translator))
-    except GenerationFailed as failure:
-        await run.finish()
-        raise failure.api_error()
-    except ClientDisconnected:
-        await run.finish(client_gone=True)
-        return Response(status_code=499)
-    finally:
-        await watch.stop()
-        cost = await run.finish()  # before the body leaves: a client that got it is billed
+        return await stream_run(run, watch, _stream(run, translator))
+    cut = await drain_run(run, watch, _drain(run, translator))
+    if cut is not None:
+        return cut
+    cost = await run.finish()
     return JSONResponse(translator.completion(run.response.status, run.billable_usage(client_gone=False).to_map(), cost))
 
 

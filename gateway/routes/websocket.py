@@ -33,7 +33,7 @@ from ..lifecycle import ResponseRun
 from ..sse import EventSequencer
 from ..store.connection import ConnectionState
 from ..workers import SESSION_FIELD
-from .responses import _validated
+from .door import validated as _validated
 
 log = logging.getLogger("kiln.gateway.websocket")
 
