@@ -20,6 +20,7 @@ from ..history import conversation_key
 from ..responses_service import ResponsesService
 from ..store.conversations import Conversation, ConversationStore, new_conversation_id
 from ..validation import check_metadata, normalize_input
+from .pagination import item_list, item_page
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call
 
@@ -119,38 +120,10 @@ async def delete_conversation(request: Request) -> Response:
 
 
 def _page(items: list[dict], request: Request) -> dict:
-    params = request.query_params
-    order = params.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid("Invalid 'order': expected 'asc' or 'desc'.", param="order")
-    try:
-        limit = int(params.get("limit", "20"))
-    except ValueError:
-        raise invalid("Invalid 'limit': expected an integer.", param="limit")
-    if not 1 <= limit <= 100:
-        raise invalid("Invalid 'limit': expected 1 to 100.", param="limit")
-    for value in params.getlist("include"):
+    for value in request.query_params.getlist("include"):
         if value not in ("message.output_text.logprobs", "reasoning.encrypted_content"):
             raise invalid(f"Invalid value for 'include': {value!r} is not supported here.", param="include")
-    ordered = list(reversed(items)) if order == "desc" else list(items)
-    after = params.get("after")
-    if after is not None:
-        ids = [i.get("id") for i in ordered]
-        if after not in ids:
-            raise invalid(f"Invalid 'after': no item '{after}' in this conversation.", param="after")
-        ordered = ordered[ids.index(after) + 1 :]
-    page = ordered[:limit]
-    return _item_list(page, has_more=len(ordered) > limit)
-
-
-def _item_list(page: list[dict], *, has_more: bool = False) -> dict:
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0].get("id") if page else None,
-        "last_id": page[-1].get("id") if page else None,
-        "has_more": has_more,
-    }
+    return item_page(items, request.query_params, unknown_after="no item '{id}' in this conversation")
 
 
 async def list_items(request: Request) -> Response:
@@ -167,7 +140,7 @@ async def add_items(request: Request) -> Response:
     before = len(conv.items)
     conv = _store(request).add_items(_key(request), items, conversation_id=conv.id)
     _index(request, conv)
-    return JSONResponse(_item_list(conv.items[before:]))
+    return JSONResponse(item_list(conv.items[before:]))
 
 
 def _require_item(request: Request, conv: Conversation) -> dict:

@@ -19,6 +19,7 @@ from ..store.events import TooOld
 from ..validation import parse_bool, validate_create
 from .door import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, read_body, start_run, stream_run, validated, while_connected
 from .door import owner as _owner
+from .pagination import item_page
 from .door import service as _service
 
 
@@ -121,33 +122,7 @@ async def cancel_response(request: Request) -> Response:
 
 async def list_input_items(request: Request) -> Response:
     items = _service(request).input_items(request.path_params["response_id"], _owner(request))
-    params = request.query_params
-    order = params.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid("Invalid 'order': expected 'asc' or 'desc'.", param="order")
-    try:
-        limit = int(params.get("limit", "20"))
-    except ValueError:
-        raise invalid("Invalid 'limit': expected an integer.", param="limit")
-    if not 1 <= limit <= 100:
-        raise invalid("Invalid 'limit': expected 1 to 100.", param="limit")
-    ordered = list(reversed(items)) if order == "desc" else list(items)
-    after = params.get("after")
-    if after is not None:
-        ids = [i.get("id") for i in ordered]
-        if after not in ids:
-            raise invalid(f"Invalid 'after': no input item '{after}'.", param="after")
-        ordered = ordered[ids.index(after) + 1 :]
-    page = ordered[:limit]
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0].get("id") if page else None,
-            "last_id": page[-1].get("id") if page else None,
-            "has_more": len(ordered) > limit,
-        }
-    )
+    return JSONResponse(item_page(items, request.query_params, unknown_after="no input item '{id}'"))
 
 
 async def compact_response(request: Request) -> Response:
