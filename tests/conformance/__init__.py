@@ -19,21 +19,26 @@ SCHEMA_PATH = Path(__file__).with_name("openai-responses.schema.json")
 EXTRA_ERROR_CODES = ["context_length_exceeded", "server_is_overloaded", "server_overloaded"]
 
 
-@lru_cache(maxsize=1)
-def _bundle() -> dict:
-    bundle = json.loads(SCHEMA_PATH.read_text())
+# The whole-API bundle (Chat Completions, Conversations, WebSocket frames, ... and Responses).
+API_SCHEMA_PATH = Path(__file__).with_name("openai-api.schema.json")
+
+
+@lru_cache(maxsize=None)
+def _bundle(path: Path) -> dict:
+    """A schema bundle, read once, with Kiln's documented extra error codes allowed."""
+    bundle = json.loads(path.read_text())
     codes = bundle["$defs"]["ResponseErrorCode"]["enum"]
     codes.extend(c for c in EXTRA_ERROR_CODES if c not in codes)
     return bundle
 
 
 @lru_cache(maxsize=None)
-def _validator(ref: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator({**_bundle(), "$ref": f"#/$defs/{ref}"})
+def _validator(ref: str, path: Path = SCHEMA_PATH) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({**_bundle(path), "$ref": f"#/$defs/{ref}"})
 
 
-def _check(ref: str, obj: Any) -> None:
-    error = best_match(_validator(ref).iter_errors(obj))
+def _check(ref: str, obj: Any, path: Path = SCHEMA_PATH) -> None:
+    error = best_match(_validator(ref, path).iter_errors(obj))
     if error is not None:
         path = "/".join(str(p) for p in error.absolute_path)
         raise AssertionError(f"{ref} does not conform at '{path}': {error.message}\n{json.dumps(obj)[:2000]}")
@@ -96,22 +101,10 @@ def assert_stream(events: list[dict], names: list[str] | None = None) -> None:
         assert [i.get("id") for i in final["output"]] == [i.get("id") for i in done]
 
 
-# -- the whole-API bundle (Chat Completions, Conversations, WebSocket frames, ...) ----------------
-API_SCHEMA_PATH = Path(__file__).with_name("openai-api.schema.json")
-
-
-@lru_cache(maxsize=None)
-def _api_validator(ref: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator({**json.loads(API_SCHEMA_PATH.read_text()), "$ref": f"#/$defs/{ref}"})
-
-
 def assert_api_object(ref: str, obj: Any) -> None:
     """An object against the whole-API bundle (Conversations, Chat Completions, WebSocket frames
     as well as Responses): ``ref`` names its ``$defs`` component, e.g. ``ConversationResource``."""
-    error = best_match(_api_validator(ref).iter_errors(obj))
-    if error is not None:
-        path = "/".join(str(p) for p in error.absolute_path)
-        raise AssertionError(f"{ref} does not conform at '{path}': {error.message}\n{json.dumps(obj)[:2000]}")
+    _check(ref, obj, API_SCHEMA_PATH)
 
 
 def assert_component(obj: Any, ref: str) -> None:

@@ -8,31 +8,9 @@ stream rules ``assert_stream`` checks.
 from __future__ import annotations
 
 import copy
-import json
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import best_match
-
-from . import EXTRA_ERROR_CODES, assert_stream
-
-BUNDLE_PATH = Path(__file__).with_name("openai-api.schema.json")
-
-
-@lru_cache(maxsize=1)
-def _bundle() -> dict:
-    bundle = json.loads(BUNDLE_PATH.read_text())
-    codes = bundle["$defs"]["ResponseErrorCode"]["enum"]
-    codes.extend(c for c in EXTRA_ERROR_CODES if c not in codes)
-    return bundle
-
-
-@lru_cache(maxsize=None)
-def _validator(ref: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator({**_bundle(), "$ref": f"#/$defs/{ref}"})
-
+from . import assert_api_object, assert_stream
 
 def assert_ws_frame(frame: Any) -> None:
     """One server frame (already parsed) is a ResponsesServerEvent."""
@@ -40,10 +18,7 @@ def assert_ws_frame(frame: Any) -> None:
     if isinstance(frame.get("response"), dict) and frame["response"].get("usage") is None:
         frame = copy.deepcopy(frame)
         frame["response"].pop("usage", None)
-    error = best_match(_validator("ResponsesServerEvent").iter_errors(frame))
-    if error is not None:
-        path = "/".join(str(p) for p in error.absolute_path)
-        raise AssertionError(f"ResponsesServerEvent does not conform at '{path}': {error.message}\n{json.dumps(frame)[:2000]}")
+    assert_api_object("ResponsesServerEvent", frame)
 
 
 def assert_ws_error(frame: dict) -> None:
