@@ -6,6 +6,8 @@ The cache is huggingface_hub's own (HF_HOME / HF_HUB_CACHE), shared with other t
 
 from __future__ import annotations
 
+import shutil
+
 import click
 
 
@@ -82,4 +84,7 @@ def rm(repo: str, yes: bool) -> None:
         click.confirm(f"delete {name} ({_human(target.size_on_disk)})?", abort=True)
     strategy = info.delete_revisions(*(rev.commit_hash for rev in target.revisions))
     strategy.execute()
+    # huggingface_hub removes the repo folder only when it believes no revision is left; refs,
+    # `.no_exist` markers or a partial download can keep it, and the command promises the repo gone.
+    shutil.rmtree(target.repo_path, ignore_errors=True)
     click.echo(f"deleted {name} ({strategy.expected_freed_size_str})")
