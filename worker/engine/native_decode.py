@@ -42,6 +42,9 @@ _MODELS = (llama.Model, qwen2.Model, qwen3.Model)
 _MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 # Rows x new tokens of one call; decode batches are at most the scheduler's batch size.
 MAX_TOKENS = 256
+# "float32" keeps the activations in float32 where the CPU has integer dot products too: the
+# products then match mlx's up to the order of float sums, greedy output token for token.
+ACTIVATIONS_ENV = "KILN_NATIVE_ACTIVATIONS"
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,6 @@ class NativeDecoder:
         attn = inner.layers[0].self_attn
         self.max_rows = MAX_TOKENS
         self.int8 = int8  # 8-bit activations (else float32)
-        self.int8_mask = (int(os.environ.get("KILN_INT8_MASK", "31")) if int8 else 0)
         self._kernels: CpuKernels = head.kernel
         self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
@@ -203,7 +205,8 @@ class NativeDecoder:
         layers = [_layer(block, inner.norm.eps) for block in inner.layers]
         if any(layer is None for layer in layers):
             return None
-        for int8 in (True, False) if head.kernel.int8 else (False,):
+        int8_first = head.kernel.int8 and os.environ.get(ACTIVATIONS_ENV, "int8").strip().lower() != "float32"
+        for int8 in (True, False) if int8_first else (False,):
             decoder = cls(model, layers, head, int8)
             if decoder._matches(model):
                 return decoder
@@ -278,7 +281,7 @@ class NativeDecoder:
             self._work = np.empty(need, np.float32)
         status = self._lib.kiln_forward(
             model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
-            idx, head_rows, self.int8_mask, logits.ctypes.data, self._work.ctypes.data,
+            idx, head_rows, int(self.int8), logits.ctypes.data, self._work.ctypes.data,
         )  # fmt: skip
         if status != 0:
             raise ValueError(f"the native forward pass refused {rows} x {new} tokens at cache position {idx}")
