@@ -98,14 +98,18 @@ class CpuKernels:
         library.kiln_forward.restype = i32
         library.kiln_forward_work.argtypes = [ptr, i32, i32]
         library.kiln_forward_work.restype = i64
-        library.kiln_logits_summary.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr]
-        library.kiln_logits_summary.restype = None
+        library.kiln_set_threads.argtypes = [i32]
+        library.kiln_set_threads.restype = None
         self.max_rows: int = library.kiln_qmm_max_rows()
         # Whether this build has 8-bit activations with integer dot products (else float32).
         self.int8: bool = bool(library.kiln_has_int8())
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
+
+    def set_threads(self, n: int) -> None:
+        """Use n threads for the parallel loops from now on (bench/native_step.py compares)."""
+        self._lib.kiln_set_threads(n)
 
     @property
     def library(self) -> ctypes.CDLL:

@@ -27,6 +27,9 @@
 #include "qmatmul.c"
 
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #if defined(__linux__)
@@ -649,30 +652,13 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
     return 0;
 }
 
-/* Row r of logits (rows, vocab): its argmax, log of its softmax's normaliser, and (k > 0) its
- * k largest entries' ids, unordered: what a greedy row needs, without the vocabulary crossing
- * into Python. */
-void kiln_logits_summary(const float *logits, int rows, int vocab, int k, int32_t *argmax, float *lse, int32_t *top_ids, float *scratch) {
-#pragma omp parallel for schedule(static) if (rows > 1)
-    for (int r = 0; r < rows; r++) {
-        const float *x = logits + (size_t)r * vocab;
-        int best = 0;
-        for (int j = 1; j < vocab; j++) best = x[j] > x[best] ? j : best;
-        float *e = scratch + (size_t)r * vocab;
-        memcpy(e, x, sizeof(float) * vocab);
-        argmax[r] = best;
-        lse[r] = x[best] + logf(softmax_exp(e, vocab, x[best]));
-        if (k > 0) { /* the k largest, kept in descending order by insertion: k is at most 20 */
-            int32_t *ids = top_ids + (size_t)r * k;
-            int kept = 0;
-            for (int j = 0; j < vocab; j++) {
-                if (kept == k && x[j] <= x[ids[k - 1]]) continue;
-                int at = kept < k ? kept++ : k - 1;
-                while (at > 0 && x[ids[at - 1]] < x[j]) { ids[at] = ids[at - 1]; at--; }
-                ids[at] = j;
-            }
-        }
-    }
+/* The team size of later passes (libgomp reads OMP_NUM_THREADS once, at load). */
+void kiln_set_threads(int n) {
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
 }
 
 /* 0 where this CPU runs this variant's instructions, after running its product loops once. */
