@@ -32,6 +32,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from kiln.worker.engine.native_decode import NativeDecoder, _layer  # noqa: E402
 from kiln.worker.loading import load_model  # noqa: E402
+from kiln.worker.native.threads import TeamSize  # noqa: E402
 
 PROMPT = 64  # cached positions before the timed steps
 
@@ -76,6 +77,7 @@ def main() -> None:
     print(f"{'decode step':14s}{'rows':>5s}{'threads':>8s}  " + "  ".join(f"{name:>16s}" for name in ["mlx", *passes]))
     for threads in sorted({1, cores}):
         kernels.set_threads(threads)
+        kernels.team = TeamSize(threads, kernels.set_threads, fixed=True)  # no switching while timed
         for rows in (1, 8):
             token = mx.array([[5]] * rows)
             caches = {name: prefilled(model, rows) for name in ["mlx", *passes]}
@@ -86,6 +88,7 @@ def main() -> None:
             cells = [f"{statistics.median(v):7.1f} / {min(v):6.1f}" for v in times.values()]
             print(f"{'':14s}{rows:5d}{threads:8d}  " + "  ".join(f"{c:>16s}" for c in cells))
     kernels.set_threads(cores)
+    kernels.team = TeamSize(cores, kernels.set_threads, fixed=True)
     tokens = [[1 + (7 * i) % 1000 for i in range(78)]]
 
     def mlx_prefill() -> object:

@@ -334,3 +334,28 @@ def test_portable_build_decodes_the_same_tokens(kernel, portable_kernel, arch, m
         prompts = [[(7 * j + 13 * r + 1) % 256 for j in range(5 + 3 * r)] for r in range(rows)]
         for model, decoder in decoders.values():
             assert greedy_tokens(model, decoder, prompts, 8) == greedy_tokens(model, None, prompts, 8)
+
+
+def test_team_size_follows_the_faster_measurement(monkeypatch):
+    """The pass's thread count is measured on the live steps (interleaved trials of each size)
+    and the faster kept until the next measurement; a user's OMP_NUM_THREADS stays fixed."""
+    from kiln.worker.native import threads
+
+    clock = [0.0]
+    monkeypatch.setattr(threads.time, "perf_counter", lambda: clock[0])
+    applied = []
+    team = threads.TeamSize(2, applied.append, fixed=False)
+    cost = {2: 4.0, 1: 1.0}  # one thread is faster here (a busy machine)
+    for _ in range(2 * threads.TRIALS + 5):
+        with team.step(tokens=1):
+            clock[0] += cost[team.current]
+    assert team.current == 1
+    cost = {2: 0.5, 1: 1.0}  # the machine got quiet: the next measurement goes back to two
+    for _ in range(threads.EVERY):
+        with team.step(tokens=1):
+            clock[0] += cost[team.current]
+    assert team.current == 2
+    fixed = threads.TeamSize(2, applied.append, fixed=True)
+    with fixed.step(tokens=1):
+        pass
+    assert fixed.current == 2

@@ -279,10 +279,11 @@ class NativeDecoder:
         need = self._lib.kiln_forward_work(model, rows * new, idx + new)
         if self._work.size < need:
             self._work = np.empty(need, np.float32)
-        status = self._lib.kiln_forward(
-            model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
-            idx, head_rows, int(self.int8), logits.ctypes.data, self._work.ctypes.data,
-        )  # fmt: skip
+        with self._kernels.team.step(rows * new):
+            status = self._lib.kiln_forward(
+                model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
+                idx, head_rows, int(self.int8), logits.ctypes.data, self._work.ctypes.data,
+            )  # fmt: skip
         if status != 0:
             raise ValueError(f"the native forward pass refused {rows} x {new} tokens at cache position {idx}")
         offset = first.offset + new  # every layer's offset is the same array

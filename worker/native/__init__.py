@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .threads import TeamSize
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
@@ -85,7 +87,7 @@ def _truthy(name: str) -> bool:
 class CpuKernels:
     """The compiled functions of qmatmul.c, called through ctypes (the GIL is released)."""
 
-    def __init__(self, library: ctypes.CDLL, variant: str) -> None:
+    def __init__(self, library: ctypes.CDLL, variant: str, threads: int = 1, threads_fixed: bool = True) -> None:
         self._lib = library
         self.variant = variant  # which build: "avx512vnni", "avx2", "portable", ...
         ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -106,6 +108,8 @@ class CpuKernels:
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
+        # The forward pass's team: all `threads`, or one where that measures faster (threads.py).
+        self.team = TeamSize(threads, self.set_threads, threads_fixed)
 
     def set_threads(self, n: int) -> None:
         """Use n threads for the parallel loops from now on (bench/native_step.py compares)."""
@@ -242,14 +246,19 @@ def cpu_kernels() -> CpuKernels | None:
         log.warning("no C compiler found: decoding quantized models on the CPU from float32 copies")
         return None
     # libgomp reads its thread count once, when loaded: one thread per core this process may use.
+    fixed = "OMP_NUM_THREADS" in os.environ
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    try:
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"].split(",")[0]))
+    except ValueError:
+        threads, fixed = 1, True
     failure = ""
     for variant in _candidates():
         try:
             library = _build(compiler, variant)
             if not _runs_here(library):
                 continue
-            kernels = CpuKernels(ctypes.CDLL(str(library)), variant.name)
+            kernels = CpuKernels(ctypes.CDLL(str(library)), variant.name, threads, fixed)
             log.info("native CPU kernels: %s build, %s activations", variant.name, "8-bit" if kernels.int8 else "float32")
             return kernels
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # RuntimeError: no home directory
