@@ -3,15 +3,23 @@ the loopback form the cluster tests run, and consistent with the gateways it fro
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
 import subprocess
+import threading
+import time
 
+import httpx
 import pytest
 
 from kiln.gateway.cli import main as gateway_cli
 from kiln.gateway.settings import Settings
 from tests.cluster import BACKEND, haproxy, loopback_haproxy_config
+from tests.conformance import assert_error
 from tests.deploy.files import HAPROXY, compose, role
+from tests.support import Proc, free_port
 
 needs_haproxy = pytest.mark.skipif(haproxy() is None, reason="haproxy is not installed (./dev setup installs it where apt is available)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -100,3 +108,60 @@ def test_timeouts_outlast_what_the_gateway_lets_a_request_take():
     assert not any("http-buffer-request" in line or "compression" in line for line in lines)
     # Only connections that never reached a gateway are retried elsewhere (retry-on's default).
     assert not any("retry-on" in line for line in lines) and "option redispatch" in defaults
+
+
+@pytest.fixture
+def refusing_and_closing():
+    """Two stand-in gateways: a port nothing listens on, and one that accepts and hangs up."""
+    closing = socket.socket()
+    closing.bind(("127.0.0.1", 0))
+    closing.listen(16)
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        closing.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = closing.accept()
+            except OSError:
+                continue
+            conn.recv(65536)
+            conn.close()
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    yield free_port(), closing.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    closing.close()
+
+
+@needs_haproxy
+@pytest.mark.parametrize("case", ["no gateway up", "a gateway hangs up"])
+def test_haproxys_own_errors_keep_the_apis_shape(tmp_path, refusing_and_closing, case):
+    refused, closing = refusing_and_closing
+    port = free_port()
+    servers = {"gateway-0": f"127.0.0.1:{refused}"} if case == "no gateway up" else {"gateway-0": f"127.0.0.1:{closing}"}
+    config = tmp_path / "haproxy.cfg"
+    text = loopback_haproxy_config(HAPROXY.read_text(), port=port, stats_port=free_port(), servers=servers)
+    # Health checks off, so the request itself meets the stand-in (a check would mark it down first).
+    assert "default-server check " in text
+    config.write_text(text.replace("default-server check ", "default-server no-check "))
+    balancer = Proc([haproxy(), "-db", "-f", str(config)], dict(os.environ), tmp_path / "haproxy.log").start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
+                break
+            except httpx.TransportError:  # HAProxy still starting
+                assert time.monotonic() < deadline and balancer.alive(), balancer.log()
+                time.sleep(0.1)
+    finally:
+        balancer.kill(signal.SIGTERM)
+    if case == "no gateway up":
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert_error(r.json())
+        assert r.json()["error"]["code"] == "server_is_overloaded"
+    else:
+        assert r.status_code == 502 and r.headers["content-type"].startswith("text/plain")
