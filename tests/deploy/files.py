@@ -20,7 +20,6 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 ENTRYPOINT = DEPLOY / "docker" / "entrypoint.sh"
 HEALTHCHECK = DEPLOY / "docker" / "healthcheck.py"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
-ENV_FILES = sorted((DEPLOY / "systemd").glob("*.env.example"))
 
 
 @lru_cache(maxsize=None)

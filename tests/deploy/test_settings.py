@@ -25,7 +25,7 @@ from dockerfile_parse import DockerfileParser
 
 from kiln.gateway.cli import main as gateway_cli
 from kiln.worker.cli import main as worker_cli
-from tests.deploy.files import COMPOSE, DEPLOY, DOCKERFILE, ENTRYPOINT, ENV_FILES, UNITS, compose, manifests, role
+from tests.deploy.files import COMPOSE, DEPLOY, DOCKERFILE, ENTRYPOINT, UNITS, compose, manifests, role
 from tests.support import REPO
 
 COMMANDS: dict[str, click.Command] = {"gateway": gateway_cli, "worker": worker_cli}
