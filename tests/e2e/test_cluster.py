@@ -1,13 +1,14 @@
 """Gateway replicas behind HAProxy, with the real bundled model and the OpenAI SDK as the client.
 
 What exists today: two gateways, each with its own worker (a worker serves one gateway until
-h-fanout lands), stateless requests, and replica loss. The cluster is tests/cluster.py, with
+h-fanout lands), stateless requests, WebSocket mode through the balancer, and replica loss. The cluster is tests/cluster.py, with
 HAProxy configured from deploy/haproxy/haproxy.cfg. Which replica answered is read twice: from the
 ``X-Kiln-Replica`` header HAProxy adds, and from each gateway's own ``/metrics``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -17,6 +18,7 @@ from openai import OpenAI
 
 from tests.cluster import Cluster, haproxy
 from tests.conformance import assert_response
+from tests.conformance.websocket import assert_ws_turn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(haproxy() is None, reason="haproxy is not installed (./dev setup installs it where apt is available)")]
 
@@ -47,6 +49,15 @@ def _ask(sdk: OpenAI, text: str) -> str:
     return raw.headers["x-kiln-replica"]
 
 
+def _turn(conn, **body) -> list[dict]:
+    """One WebSocket-mode turn through the SDK's own client; its frames as JSON."""
+    conn.response.create(model=MODEL, temperature=0, **body)
+    frames = []
+    while not frames or frames[-1]["type"] not in ("response.completed", "response.incomplete", "response.failed", "error"):
+        frames.append(json.loads(conn.recv_bytes()))
+    return frames
+
+
 def test_stateless_requests_are_spread_over_both_replicas(cluster):
     sdk = _sdk(cluster)
     before = [cluster.routed(i) for i in range(2)]
@@ -56,6 +67,21 @@ def test_stateless_requests_are_spread_over_both_replicas(cluster):
     assert set(replicas) == set(cluster.names), replicas
     # Each gateway's own count agrees with what HAProxy said: round robin, 2 each.
     assert [after[i] - before[i] for i in range(2)] == [replicas.count(name) for name in cluster.names]
+
+
+def test_websocket_mode_passes_through_and_a_session_keeps_its_replica(cluster):
+    """The upgrade crosses HAProxy, and the socket stays on one replica, so WebSocket mode's
+    per-connection continuation holds even with stores that replicas do not share."""
+    sdk = _sdk(cluster)
+    before = [cluster.routed(i) for i in range(2)]
+    with sdk.responses.connect() as conn:
+        first = _turn(conn, input="My name is Ada. Reply with OK.", max_output_tokens=8, store=False)
+        second = _turn(conn, input="What is my name?", previous_response_id=first[-1]["response"]["id"], max_output_tokens=8, store=False)
+    for frames in (first, second):
+        assert_ws_turn(frames)
+        assert frames[-1]["type"] in ("response.completed", "response.incomplete"), frames[-1]
+    grew = [cluster.routed(i) - before[i] for i in range(2)]
+    assert sorted(grew) == [0, 2], grew
 
 
 def test_a_killed_replica_fails_its_own_streams_and_the_other_keeps_answering(cluster):
