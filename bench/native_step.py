@@ -12,6 +12,9 @@ machine slows every contender alike:
 at 1 and 8 rows, with 1 thread and with every core, and a prompt of 78 tokens (the bench's
 single-stream prompt) prefilled by mlx and by the native pass. Wall-clock medians and minima;
 the minimum is the better estimate on a shared machine (contention only adds time).
+``--cpu`` reports the process's CPU time instead (every thread's, mlx's own included): on a
+machine shared with other busy processes that is the work each contender does, which wall
+clock no longer shows (use it with OMP_NUM_THREADS=1: a second thread's spinning counts too).
 """
 
 from __future__ import annotations
@@ -44,22 +47,24 @@ def prefilled(model, rows: int) -> list[BatchKVCache]:
     return cache
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+def interleaved(contenders: dict[str, Callable[[], object]], reps: int, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Milliseconds per call of each contender, one call of each in turn, after one warm-up."""
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for rep in range(reps + 1):
         for name, fn in contenders.items():
-            start = time.perf_counter()
+            start = clock()
             mx.eval(fn())
             if rep:
-                times[name].append(1e3 * (time.perf_counter() - start))
+                times[name].append(1e3 * (clock() - start))
     return times
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.native_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--cpu", action="store_true", help="process CPU time instead of wall clock")
     opts = p.parse_args()
+    clock = time.process_time if opts.cpu else time.perf_counter
     loaded = load_model(None)
     model = loaded.model
     inner = model.model
@@ -73,7 +78,7 @@ def main() -> None:
     if kernels.int8:
         passes["native int8"] = NativeDecoder(model, layers, head, int8=True)
     cores = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    print(f"build {kernels.variant}; {cores} core(s); load average {os.getloadavg()[0]:.1f}; ms, median / min of {opts.reps}\n")
+    print(f"build {kernels.variant}; {cores} core(s); load average {os.getloadavg()[0]:.1f}; {'CPU' if opts.cpu else 'wall'} ms, median / min of {opts.reps}\n", flush=True)
     print(f"{'decode step':14s}{'rows':>5s}{'threads':>8s}  " + "  ".join(f"{name:>16s}" for name in ["mlx", *passes]))
     for threads in sorted({1, cores}):
         kernels.set_threads(threads)
@@ -84,9 +89,9 @@ def main() -> None:
             contenders: dict[str, Callable[[], object]] = {"mlx": lambda c=caches["mlx"]: model(token, cache=c)}
             for name, native in passes.items():
                 contenders[name] = lambda n=native, c=caches[name]: mx.array(n(token, c))
-            times = interleaved(contenders, opts.reps)
+            times = interleaved(contenders, opts.reps, clock)
             cells = [f"{statistics.median(v):7.1f} / {min(v):6.1f}" for v in times.values()]
-            print(f"{'':14s}{rows:5d}{threads:8d}  " + "  ".join(f"{c:>16s}" for c in cells))
+            print(f"{'':14s}{rows:5d}{threads:8d}  " + "  ".join(f"{c:>16s}" for c in cells), flush=True)
     kernels.set_threads(cores)
     kernels.team = TeamSize(cores, kernels.set_threads, fixed=True)
     tokens = [[1 + (7 * i) % 1000 for i in range(78)]]
@@ -99,7 +104,7 @@ def main() -> None:
     contenders = {"mlx": mlx_prefill}
     for name, native in passes.items():
         contenders[name] = lambda n=native: n.prefill(np.array(tokens), [BatchKVCache([0]) for _ in inner.layers]) or mx.array(0)
-    times = interleaved(contenders, max(3, opts.reps // 4))
+    times = interleaved(contenders, max(3, opts.reps // 4), clock)
     print(f"\n{'prefill 78':14s}{1:5d}{cores:8d}  " + "  ".join(f"{f'{statistics.median(v):7.1f} / {min(v):6.1f}':>16s}" for v in times.values()))
 
 

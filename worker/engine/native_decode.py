@@ -42,6 +42,9 @@ _MODELS = (llama.Model, qwen2.Model, qwen3.Model)
 _MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 # Rows x new tokens of one call; decode batches are at most the scheduler's batch size.
 MAX_TOKENS = 256
+# decode.c's mask of the products that take 8-bit activations (q/k/v 1, o 2, gate/up 4, down 8,
+# head 16): all of them.
+_INT8_ALL = 31
 # "float32" keeps the activations in float32 where the CPU has integer dot products too: the
 # products then match mlx's up to the order of float sums, greedy output token for token.
 ACTIVATIONS_ENV = "KILN_NATIVE_ACTIVATIONS"
@@ -282,7 +285,7 @@ class NativeDecoder:
         with self._kernels.team.step(rows * new):
             status = self._lib.kiln_forward(
                 model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
-                idx, head_rows, int(self.int8), logits.ctypes.data, self._work.ctypes.data,
+                idx, head_rows, _INT8_ALL if self.int8 else 0, logits.ctypes.data, self._work.ctypes.data,
             )  # fmt: skip
         if status != 0:
             raise ValueError(f"the native forward pass refused {rows} x {new} tokens at cache position {idx}")

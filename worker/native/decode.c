@@ -546,7 +546,7 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
  * as in mlx-lm's BatchKVCache); every cache has room for idx + T positions. head_rows: 0 no
  * logits, 1 for the last token of each row (logits (B, vocab)), 2 for every token ((B * T,
  * vocab)). int8: which products take 8-bit activations (where compiled in), a bit mask:
- * 1 q/k/v, 2 o, 4 gate/up, 8 down, 16 the head (KILN_INT8_ALL); the others take float32. work: kiln_forward_work floats.
+ * 1 q/k/v, 2 o, 4 gate/up, 8 down, 16 the head; the others take float32. work: kiln_forward_work floats.
  * Returns 0, or -1 for arguments outside what the loops handle. */
 int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, const int32_t *tokens,
                  const int32_t *positions, const int32_t *start, int idx, int head_rows, int int8,
