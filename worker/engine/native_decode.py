@@ -212,6 +212,7 @@ class NativeDecoder:
         for int8 in (True, False) if int8_first else (False,):
             decoder = cls(model, layers, head, int8)
             if decoder._matches(model):
+                log.info("native decode pass: %s build, %s activations", head.kernel.variant, "8-bit" if int8 else "float32")
                 return decoder
             log.warning("native forward pass (%s activations) disagrees with mlx on this model", "8-bit" if int8 else "float32")
         log.warning("decoding through mlx")
