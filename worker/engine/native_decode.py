@@ -170,12 +170,12 @@ class NativeDecoder:
         for layer in layers:
             bias = layer.qkv_bias or (None, None, None)
             norms = [floats(a) for a in (layer.attn_norm, layer.mlp_norm, *(layer.qk_norm or (None, None)))]
-            keep.append(norms)
-            ptrs = [None if a is None else a.ctypes.data for a in norms]
-            structs.append(Layer(*ptrs, *(_weights(p, b) for p, b in zip((layer.q, layer.k, layer.v), bias)), *(_weights(p) for p in (layer.o, layer.gate, layer.up, layer.down))))
+            weights = [_weights(p, b) for p, b in zip((layer.q, layer.k, layer.v), bias)] + [_weights(p) for p in (layer.o, layer.gate, layer.up, layer.down)]
+            # ctypes copies the structs' fields into the array; the arrays they point into stay
+            # alive through `keep` (the norms, and each QuantizedWeights' own _keep).
+            keep.append((norms, weights))
+            structs.append(Layer(*(None if a is None else a.ctypes.data for a in norms), *weights))
         self._layer_array = (Layer * len(structs))(*structs)
-        # ctypes copies the structs into the array; their arrays stay alive through `keep`.
-        keep.extend(s.__dict__ for s in structs)
         self._keep = keep
         self._head = _weights(head)
         self._model = Model(
