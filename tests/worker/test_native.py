@@ -359,3 +359,19 @@ def test_team_size_follows_the_faster_measurement(monkeypatch):
     with fixed.step(tokens=1):
         pass
     assert fixed.current == 2
+
+
+def test_native_prefill_leaves_the_cache_mlx_leaves(loader_model):
+    """Prompts of one length prefilled by the native pass (KV only, as the scheduler's short
+    groups are) give the next step the logits mlx's own prefill gives it, within tolerance."""
+    from kiln.worker.engine.native_decode import FLOAT32, INT8, NativeDecoder
+
+    decoder = NativeDecoder.build(loader_model)
+    vocab = loader_model.model.embed_tokens.weight.shape[0]
+    prompts = [[(13 * r + 5 * j + 3) % vocab for j in range(11)] for r in range(3)]
+    ours = prefilled(loader_model, [[1]] * 3)  # a cached past of one token, then the prompts
+    theirs = prefilled(loader_model, [[1] + p for p in prompts])
+    decoder.prefill(np.array(prompts, np.int32), ours)
+    step = mx.array([[7], [8], [9]])
+    ref = np.array(loader_model(step, cache=theirs)[:, -1])
+    assert (INT8 if decoder.int8 else FLOAT32).agree(decoder(step, ours), ref)
