@@ -94,8 +94,6 @@ class CpuKernels:
         library.kiln_qmm.argtypes = [i32] * 5 + [ptr] * 6
         library.kiln_qmm.restype = i32
         library.kiln_qmm_max_rows.restype = i32
-        library.kiln_attention.argtypes = [i32] * 5 + [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_float, ptr, ptr]
-        library.kiln_attention.restype = None
         library.kiln_forward.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, i32, i32, i32, ptr, ptr]
         library.kiln_forward.restype = i32
         library.kiln_forward_work.argtypes = [ptr, i32, i32]
@@ -134,32 +132,6 @@ class CpuKernels:
         if status != 0:
             raise ValueError(f"kiln_qmm cannot multiply {rows}x{k} by {bits}-bit {n}x{k} (group {group_size})")
         return y
-
-    @staticmethod
-    def _readable(a: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """A (B, KVH, S, D) view the kernel reads in place (float32, each key a contiguous run,
-        keys one after another), copied only if it is not one; with its row and head strides
-        in floats."""
-        if a.dtype != np.float32 or a.strides[3] != 4 or a.strides[2] != 4 * a.shape[3]:
-            a = np.ascontiguousarray(a, dtype=np.float32)
-        return a, a.strides[0] // 4, a.strides[1] // 4
-
-    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray, scale: float) -> np.ndarray:
-        """One-token attention (see kiln_attention). q: (B, H, D); keys/values: (B, KVH, S, D)
-        views of the cache; start: (B,) first real key per row. Returns (B, H, D)."""
-        keys, *k_strides = self._readable(keys)
-        values, *v_strides = self._readable(values)
-        rows, heads, dims = q.shape
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        start = np.ascontiguousarray(start, dtype=np.int32)
-        out = np.empty_like(q)
-        work = np.empty(rows * heads * keys.shape[2], dtype=np.float32)
-        self._lib.kiln_attention(
-            rows, heads, keys.shape[1], dims, keys.shape[2], q.ctypes.data,
-            keys.ctypes.data, *k_strides, values.ctypes.data, *v_strides,
-            start.ctypes.data, scale, out.ctypes.data, work.ctypes.data,
-        )  # fmt: skip
-        return out
 
 
 def _compiler() -> str | None:
