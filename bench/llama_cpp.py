@@ -184,7 +184,7 @@ def plan(version: str = DEFAULT_VERSION) -> Plan:
 
 
 def probe(binary: Path | str, timeout: float = 60.0) -> str:
-    """Run `binary --version`; return its version line or raise BuildError (SIGILL included)."""
+    """Run `binary --version`; return its version (`0.5.0-dev (build 0, commit ...)`) or raise BuildError (SIGILL included)."""
     try:
         out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -194,7 +194,7 @@ def probe(binary: Path | str, timeout: float = 60.0) -> str:
         raise BuildError(f"{binary} --version died with signal {-out.returncode} (SIGILL means it was built for instructions this CPU lacks)")
     if out.returncode != 0 or "version" not in text:
         raise BuildError(f"{binary} --version exited {out.returncode}: {text[-300:]}")
-    return next(line for line in text.splitlines() if "version" in line).strip()
+    return next(line for line in text.splitlines() if "version" in line).strip().removeprefix("version:").strip()
 
 
 @contextlib.contextmanager
@@ -251,6 +251,8 @@ def _extract(archive: Path, dest: Path) -> None:
             head, sep, rest = m.name.partition(marker)
             if sep and "/" not in head and rest:
                 m.name = rest
+                if m.islnk():  # hard links name their target by its archive path
+                    m.linkname = m.linkname.partition(marker)[2]
                 members.append(m)
         if not members:
             raise BuildError(f"{archive.name} holds no vendor/llama.cpp/ tree")
@@ -331,7 +333,7 @@ class Binary:
 
     path: Path
     version: str
-    origin: str  # "PATH" or "built from llama-cpp-python X (flags)"
+    origin: str  # "on PATH" or "built from llama-cpp-python X for <flags>"
 
 
 @functools.lru_cache(maxsize=None)
@@ -343,13 +345,13 @@ def server_binary(version: str = DEFAULT_VERSION) -> Binary:
     on_path = shutil.which("llama-server")
     if on_path:
         try:
-            return Binary(Path(on_path), probe(on_path), "PATH")
+            return Binary(Path(on_path), probe(on_path), "on PATH")
         except BuildError as exc:
             say(f"ignoring {on_path}: {exc}")
     p = plan(version)
     path = build(p)
     say(f"llama-server: {path}")
-    return Binary(path, probe(path), f"built from {PACKAGE} {version} ({describe(p.options)})")
+    return Binary(path, probe(path), f"built from {PACKAGE} {version} for {describe(p.options)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"folder": str(p.folder), "cached": p.binary.is_file(), "cpu": describe(p.options), "generator": p.generator, "cmake_options": p.options}, indent=2))
             return 0
         path = build(p, jobs=opts.jobs, force=opts.force)
-        say(probe(path))
+        say(f"llama-server --version: {probe(path)}")
     except BuildError as exc:
         print(f"llama.cpp: {exc}", file=sys.stderr)
         return 1

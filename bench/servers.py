@@ -150,7 +150,7 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
             "-t", str(threads), "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_SLOTS * LLAMA_SLOT_CONTEXT),
             "--jinja", "--alias", "smollm2-135m-instruct",
         ]
-        note = f"llama-server {binary.version} from {binary.origin}, {binary.path}; -t {threads}, -np {LLAMA_SLOTS}, {LLAMA_SLOT_CONTEXT} tokens per slot"
+        note = f"llama-server {binary.version}, {binary.origin}: {binary.path}; -t {threads}, -np {LLAMA_SLOTS}, {LLAMA_SLOT_CONTEXT} tokens per slot"
         # llama-server can promise the output length: without EOS its greedy text, computed with
         # 8-bit activations, could end at a different token than the mlx-based peers' does.
         return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, note=note, exact_length={"ignore_eos": True})
