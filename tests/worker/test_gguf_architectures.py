@@ -13,7 +13,7 @@ import pytest
 from kiln.worker.loading import load_model
 from kiln.worker.loading.gguf import UnsupportedModelError
 
-from .tiny_gguf import CONFIGS, write_pair
+from .tiny_gguf import CONFIGS, greedy, write_pair
 
 # (case, quantization): every architecture, every type llama.cpp users download, K-quants twice.
 CASES = [
@@ -28,7 +28,6 @@ CASES = [
     ("gemma3", "K"),
     ("gemma3", "F32"),
 ]
-PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +36,6 @@ def tokenizer_md(gguf_path):
 
     _, md = mx.load(str(gguf_path), return_metadata=True)
     return md
-
-
-def _greedy(loaded, n: int = 8) -> tuple[list[int], np.ndarray]:
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-    from mlx_lm.sample_utils import make_sampler
-
-    tok = loaded.tokenizer
-    prompt = mx.array(tok.encode(tok.apply_chat_template(PROMPT)))
-    first_logits = np.array(loaded.model(prompt[None])[0, -1].astype(mx.float32))
-    ids = [int(t) for t, _ in generate_step(prompt, loaded.model, max_tokens=n, sampler=make_sampler(0.0))]
-    return ids, first_logits
 
 
 @pytest.mark.parametrize(("case", "quant"), CASES, ids=[f"{c}-{q}" for c, q in CASES])
@@ -61,8 +48,8 @@ def test_gguf_matches_mlx_folder(tmp_path, tokenizer_md, case, quant, caplog):
     expected_arch = {"mistral": "llama"}.get(case, case)
     assert from_gguf.info.architecture == expected_arch
     assert from_gguf.context_window == CONFIGS[case].get("max_position_embeddings", 8192)
-    ids_gguf, logits_gguf = _greedy(from_gguf)
-    ids_folder, logits_folder = _greedy(from_folder)
+    ids_gguf, logits_gguf = greedy(from_gguf)
+    ids_folder, logits_folder = greedy(from_folder)
     np.testing.assert_allclose(logits_gguf, logits_folder, rtol=1e-3, atol=1e-3)
     assert ids_gguf == ids_folder
     # The native CPU decode step takes only the llama-family blocks it checks itself against mlx.
@@ -79,7 +66,7 @@ def test_gguf_matches_mlx_folder(tmp_path, tokenizer_md, case, quant, caplog):
         assert from_gguf.info.quantization == "gguf:Q4_K_M"
         # mlx's own quantized path (the GPU's; here mlx's CPU kernels) decodes the same tokens.
         native = load_model(str(gguf_file), weights="native")
-        assert _greedy(native)[0] == ids_folder
+        assert greedy(native)[0] == ids_folder
 
 
 @pytest.mark.parametrize("case", sorted(CONFIGS))
@@ -131,4 +118,4 @@ def test_q4_k_model_decodes_through_the_native_cpu_kernel(tmp_path, tokenizer_md
     assert loaded.info.extra["conversions"] == {"Q4_K": "affine 4-bit g32"}
     if on_cpu():
         assert NativeDecoder.build(loaded.model) is not None
-    assert _greedy(loaded)[0] == _greedy(load_model(str(folder)))[0]
+    assert greedy(loaded)[0] == greedy(load_model(str(folder)))[0]

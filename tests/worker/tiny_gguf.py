@@ -247,3 +247,18 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
         "eos_token": tok.id_to_token(int(_value(tokenizer_md["tokenizer.ggml.eos_token_id"]))),
         "add_bos_token": False}))  # fmt: skip
     return out / f"{case}-{quant}.gguf", folder
+
+
+PROMPT = [{"role": "user", "content": "Name three colours."}]
+
+
+def greedy(loaded, n: int = 8, messages: list[dict[str, Any]] = PROMPT) -> tuple[list[int], np.ndarray]:
+    """`n` greedy tokens after the chat-rendered `messages`, and the first step's logits."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    tok = loaded.tokenizer
+    prompt = mx.array(tok.encode(tok.apply_chat_template(messages)))
+    first_logits = np.array(loaded.model(prompt[None])[0, -1].astype(mx.float32))
+    ids = [int(t) for t, _ in generate_step(prompt, loaded.model, max_tokens=n, sampler=make_sampler(0.0))]
+    return ids, first_logits

@@ -133,12 +133,18 @@ def gguf_metadata(sp: spm.SentencePieceProcessor, style: str) -> dict[str, Any]:
 
 
 def reference_ids(sp: spm.SentencePieceProcessor, style: str, text: str) -> list[int]:
-    """llama.cpp's ids for `text`: control tokens (and <s>, </s>, <unk>) cut out, SentencePiece on the rest."""
-    cut = [*STYLES[style].control, "<s>", "</s>", "<unk>"]
+    """llama.cpp's ids for `text`: control tokens (and <s>, </s>, <unk>) and user-defined ones
+    (as the GGUF spells them, with spaces) cut out of the raw text whole, longest first,
+    SentencePiece on each fragment between them. (SentencePiece alone matches user-defined
+    pieces after turning spaces into "▁", so it differs from llama.cpp only on text that holds
+    a literal "▁" next to such a piece.)"""
+    spec = STYLES[style]
+    cut = {t: sp.piece_to_id(t) for t in [*spec.control, "<s>", "</s>", "<unk>"]}
+    cut.update({t.replace("\u2581", " "): sp.piece_to_id(t) for t in spec.user_defined})
     ids: list[int] = []
-    for part in re.split("(" + "|".join(map(re.escape, cut)) + ")", text):
+    for part in re.split("(" + "|".join(map(re.escape, sorted(cut, key=len, reverse=True))) + ")", text):
         if part in cut:
-            ids.append(sp.piece_to_id(part))
+            ids.append(cut[part])
         elif part:
             ids.extend(sp.encode(part))
     return ids
@@ -146,11 +152,15 @@ def reference_ids(sp: spm.SentencePieceProcessor, style: str, text: str) -> list
 
 def varied_texts(style: str, n: int = 1500, seed: int = 1) -> list[str]:
     """Unicode, whitespace runs, tabs/newlines/CR, digits, emoji (not in the vocabulary: byte
-    fallback), the literal "<0x41>" and "▁", control and user-defined tokens inside text."""
+    fallback), the literal "<0x41>" and "▁", control and user-defined tokens inside text.
+
+    (No literal "▁" beside a user-defined run of spaces: SentencePiece would match the piece
+    across it, llama.cpp, which cuts user-defined tokens from the raw text, does not.)"""
     rng = random.Random(seed)
     spec = STYLES[style]
+    literal_space = [] if any("\u2581" in u for u in spec.user_defined) else ["\u2581"]
     alphabet = list("abcdefghij ABC  \t\n\r0123456789.,!?'\"-_") + [
-        "é", "ü", "ß", "д", "и", "東", "京", "中", "😀", "🦙", "\u00a0", "\u3000", "<0x41>", "\u2581",
+        "é", "ü", "ß", "д", "и", "東", "京", "中", "😀", "🦙", "\u00a0", "\u3000", "<0x41>", *literal_space,
         " " * 30, "\n\n", *spec.control, "<s>", *[u.replace("\u2581", " ") for u in spec.user_defined],
     ]  # fmt: skip
     fixed = ["", " ", "  ", "\n", "Hello world", " Hello world", "Hello  world ", "\t\tindented\n  code",
