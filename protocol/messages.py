@@ -31,6 +31,7 @@ class Register:
     queue_depth: int  # requests that may wait behind those
     version: int = PROTOCOL_VERSION
     pid: int = 0
+    # What the model can do (protocol/capabilities.py ``Capabilities.to_map()``).
     features: dict[str, Any] = field(default_factory=dict)
 
 
@@ -42,12 +43,16 @@ class Registered:
 
 @dataclass
 class Heartbeat:
-    """Sent every heartbeat interval; silence for a few intervals means the worker is gone."""
+    """Sent every heartbeat interval; silence for a few intervals means the worker is gone.
+
+    ``rss_bytes``: the worker's resident memory, which the gateway counts against a host memory
+    budget (0: not reported)."""
 
     worker_id: str
     active: int = 0
     queued: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
+    rss_bytes: int = 0
 
 
 @dataclass

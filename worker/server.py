@@ -34,6 +34,8 @@ from kiln.protocol import (
 )
 from kiln.protocol.security import secure_worker_socket
 
+from .memory import resident_bytes
+
 log = logging.getLogger("kiln.worker.server")
 
 
@@ -132,7 +134,7 @@ class WorkerServer:
                     if not registered:
                         dealer.send(encode(self.register))
                     stats = self.service.stats()
-                    dealer.send(encode(Heartbeat(self.worker_id, stats.get("active", 0), stats.get("queued", 0), stats)))
+                    dealer.send(encode(Heartbeat(self.worker_id, stats.get("active", 0), stats.get("queued", 0), stats, resident_bytes())))
         finally:
             outbox.close()
             inbox.close(0)

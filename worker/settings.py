@@ -18,6 +18,7 @@ from kiln.protocol.settings_fields import setting
 @dataclass(frozen=True)
 class WorkerSettings:
     gateway: str = setting(DEFAULT_WORKERS_ADDRESS, help="ZeroMQ address of the gateway's worker socket.")
+    config_path: str | None = setting(None, flag="--config", file=True, must_exist=True, help="A kiln.toml ([[models]] tables, as kiln serve --config takes): serve the model --model-id names, with its settings from the file.")
     model: str | None = setting(None, help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
     model_id: str | None = setting(None, help="The id to serve the model under (default: from its file, folder or hub id).")
     context_length: int | None = setting(None, min=1, help="Serve at most this many tokens of context (default: the model's trained window).")
@@ -33,6 +34,7 @@ class WorkerSettings:
     engine: Literal["mlx", "scripted"] = setting("mlx", help="scripted: a weightless engine for protocol tests and overhead benchmarks.")
     scripted_reply: str = setting("Hello from Kiln's scripted engine.", help="Reply text of the scripted engine.")
     scripted_delay: float = setting(0.0, min=0, help="Seconds per token of the scripted engine.")
+    scripted_load_delay: float = setting(0.0, min=0, help="Seconds the scripted engine takes to start, standing in for a slow model load.")
     log_level: LogLevel = log_level_setting()
     worker_secret: str | None = setting(None, secret=True, help="The gateway's worker secret (ZeroMQ CURVE); without the right one the gateway never sees this worker.")
     worker_secret_file: str | None = setting(None, file=True, help="Read --worker-secret from this file, so it never shows in `ps`.")

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kiln.config import ConfigError, load_config
+from kiln.protocol.model_config import ConfigError, load_config
 from tests.support import free_port
 
 
@@ -110,7 +110,16 @@ max_batch = 2
         ('[[models]]\nid = "a"\nsource = "x"\nworkrs = 2\n', "unknown key 'workrs'"),
         ('[[models]]\nid = "a"\nsource = "x"\nworkers = 0\n', "workers must be at least 1"),
         ('[[models]]\nid = "a"\nsource = "x"\n[[models]]\nid = "b"\nsource = "y"\naliases = ["a"]\n', "'a' is used by both"),
-        ('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\n', "not supported yet"),
+        ('[[models]]\nid = "a"\nsource = "x"\n[[models]]\nid = "a"\nsource = "y"\n', "two [[models]] tables have id 'a'"),
+        ('[[models]]\nid = "a"\nsource = "x"\nload = "lazy"\n', "load must be one of 'always', 'on-demand'"),
+        ('[[models]]\nid = "a"\nsource = "x"\nidle_stop = "5m"\n', "idle_stop applies to load = \"on-demand\" models only"),
+        ('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\nidle_stop = "soon"\n', "idle_stop: expected seconds or a duration"),
+        ('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\nidle_stop = 0\n', "idle_stop: must be above 0"),
+        ('[[models]]\nid = "a"\nsource = "x"\nmemory = "lots"\n', "memory: expected bytes or a size"),
+        ('memory_budget = "1GB"\n[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\n', "give it memory"),
+        ('memory_budget = "1GB"\n[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\nmemory = "2GB"\n', "cannot fit in memory_budget"),
+        ('memory_budget = "1GB"\n[[models]]\nid = "a"\nsource = "x"\nmemory = "2GB"\n', "always-loaded models' memory"),
+        ('budget = 3\n[[models]]\nid = "a"\nsource = "x"\n', "unknown top-level key"),
         ("[[models]\n", "not valid TOML"),
     ],
 )
@@ -119,6 +128,39 @@ def test_config_errors_say_where(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         load_config(path)
+
+
+def test_on_demand_keys_and_their_units(tmp_path):
+    path = tmp_path / "kiln.toml"
+    path.write_text("""
+memory_budget = "1.5GiB"
+[[models]]
+id = "a"
+source = "x"
+memory = 800000000
+[[models]]
+id = "b"
+source = "y"
+load = "on-demand"
+idle_stop = "90s"
+memory = "300MB"
+[[models]]
+id = "c"
+source = "z"
+load = "on-demand"
+idle_stop = 2.5
+memory = "100MiB"
+workers = 2
+""")
+    config = load_config(path)
+    assert config.memory_budget == int(1.5 * (1 << 30))
+    a, b, c = config.models
+    assert (a.load, a.memory, a.on_demand) == ("always", 800_000_000, False)
+    assert (b.load, b.idle_stop_s, b.memory) == ("on-demand", 90.0, 300_000_000)
+    assert (c.idle_stop_s, c.memory, c.workers) == (2.5, 100 << 20, 2)
+    assert config.lookup("b") is b and config.lookup("nope") is None
+    path.write_text('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\n')
+    assert load_config(path).models[0].idle_stop_s == 600.0  # ten minutes unless told
 
 
 def test_serve_refuses_a_bad_config_before_starting(tmp_path):
