@@ -386,17 +386,17 @@ class WorkerPool:
             )
         raise ApiError(404, f"The model '{name}' does not exist or is not served here.", code="model_not_found", param="model")
 
-    def _remember(self, handle: WorkerHandle) -> None:
-        info = handle.info
+    def _remember(self, info: Register, handle: WorkerHandle | None = None) -> None:
         for name in (info.model, *info.aliases):
             self._known.pop(name, None)
             self._known[name] = info.model
         while len(self._known) > KNOWN_MODELS_LIMIT:
             self._known.pop(next(iter(self._known)))
-        self._last.pop(info.model, None)
-        self._last[info.model] = handle
-        while len(self._last) > KNOWN_MODELS_LIMIT:
-            self._last.pop(next(iter(self._last)))
+        if handle is not None:
+            self._last.pop(info.model, None)
+            self._last[info.model] = handle
+            while len(self._last) > KNOWN_MODELS_LIMIT:
+                self._last.pop(next(iter(self._last)))
 
     def context_window(self, model: str) -> int | None:
         for w in self.workers.values():
@@ -539,7 +539,7 @@ class WorkerPool:
             self._fail_inflight(old, "the worker restarted")
         handle = WorkerHandle(identity, message, time.monotonic(), capabilities=Capabilities.from_map(message.features))
         self.workers[identity] = handle
-        self._remember(handle)
+        self._remember(message, handle)
         log.info(
             "worker registered",
             extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},
