@@ -184,7 +184,10 @@ class ModelLoader:
         finally:
             arrival.cancel()
             state.failure = None
-        if not arrival.done() or arrival.cancelled():
+        if arrival.done() and not arrival.cancelled():
+            if failure.done():
+                failure.exception()  # a worker registered: that wins over a sibling that exited
+        else:
             state.error = str(failure.exception())
             self.launcher.send(StopModel(model.id))  # no restart loop for a model that cannot load
             raise LoadFailed(state.error)
