@@ -101,3 +101,19 @@ def test_each_configured_model_gets_its_own_worker_settings(monkeypatch, tmp_pat
 def test_bad_settings_stop_serve_before_anything_starts(monkeypatch, args, names):
     call, output = serve(monkeypatch, args)
     assert call is None and names in output
+
+
+def test_config_models_reach_their_workers_and_the_gateway_reads_the_file(monkeypatch, tmp_path):
+    config = tmp_path / "kiln.toml"
+    config.write_text('[[models]]\nid = "a"\nsource = "x.gguf"\nmax_batch = 3\n'
+                      '[[models]]\nid = "b"\nsource = "y.gguf"\naliases = ["bee"]\nload = "on-demand"\nworkers = 2\n')  # fmt: skip
+    call, output = serve(monkeypatch, ["--config", str(config), "--max-batch", "5"])
+    assert call is not None, output
+    gateway = child_settings(monkeypatch, gateway_main, Settings, call.gateway_args, call.gateway_env)
+    assert gateway.config_path == str(config) and gateway.supervisor_fd is None  # the supervisor adds it per start
+    assert [name for name, _ in call.workers] == ["worker-a-0"]
+    assert list(call.on_demand) == ["b"] and [name for name, _ in call.on_demand["b"]] == ["worker-b-0", "worker-b-1"]
+    a = child_settings(monkeypatch, worker_main, WorkerSettings, call.workers[0][1], call.worker_env)
+    b = child_settings(monkeypatch, worker_main, WorkerSettings, call.on_demand["b"][0][1], call.worker_env)
+    assert (a.model_id, a.model, a.max_batch, a.config_path) == ("a", "x.gguf", 3, None)
+    assert (b.model_id, b.model, b.model_alias, b.max_batch) == ("b", "y.gguf", ("bee",), 5)
