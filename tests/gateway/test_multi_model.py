@@ -157,8 +157,10 @@ idle_stop = "5s"
         assert _wait(lambda: _gone(pid), 120), log()
         stopped_after_s = time.monotonic() - answered
         assert stopped_after_s >= 5 - 0.5
-        now = {m["id"]: m for m in httpx.get(base + "/v1/models", timeout=5).json()["data"]}["tiny-qwen3-later"]
-        assert (now["loaded"], now["status"]) == (False, "not_loaded")
+        later_now = lambda: {m["id"]: m for m in httpx.get(base + "/v1/models", timeout=5).json()["data"]}["tiny-qwen3-later"]  # noqa: E731
+        assert _wait(lambda: later_now()["status"] == "not_loaded", 30)  # once the supervisor has said it is gone
+        now = later_now()
+        assert now["loaded"] is False
         assert now["capabilities"]["reasoning"] is True  # what it reported when it ran
         assert len(_health(base)) == 3  # the always-loaded workers are untouched
         print(f"\non-demand tiny-qwen3: first request {first_request_s:.1f} s (start + load), worker RSS {rss_up:.0f} MB "
