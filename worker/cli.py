@@ -1,4 +1,4 @@
-"""``kiln-worker``: load one model and serve it to a gateway over ZeroMQ."""
+"""``kiln-worker``: load one model and serve it to one or more gateways over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -15,8 +15,18 @@ from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 log = logging.getLogger("kiln.worker")
 
 
+def gateway_list(values: tuple[str, ...] | list[str]) -> list[str]:
+    """The gateways to serve: each value may hold several comma-separated addresses (so that
+    ``KILN_GATEWAY=tcp://a:5555,tcp://b:5555`` works), in order, each once."""
+    addresses = [part.strip() for value in values for part in value.split(",")]
+    unique = list(dict.fromkeys(a for a in addresses if a))
+    if not unique:
+        raise click.BadParameter("give at least one gateway address", param_hint="--gateway")
+    return unique
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--gateway", default=DEFAULT_WORKERS_ADDRESS, show_default=True, envvar="KILN_GATEWAY", help="ZeroMQ address of the gateway's worker socket.")
+@click.option("--gateway", multiple=True, default=[DEFAULT_WORKERS_ADDRESS], show_default=True, envvar="KILN_GATEWAY", callback=lambda _ctx, _param, value: gateway_list(value), help="ZeroMQ address of a gateway's worker socket; repeat it (or separate addresses with commas) to serve several gateway replicas.")
 @click.option("--model", default=None, envvar="KILN_MODEL", help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
 @click.option("--model-id", default=None, envvar="KILN_MODEL_ID", help="The id to serve the model under (default: from its file, folder or hub id).")
 @click.option("--context-length", default=None, type=int, envvar="KILN_CONTEXT_LENGTH", help="Serve at most this many tokens of context (default: the model's trained window).")
@@ -36,7 +46,7 @@ log = logging.getLogger("kiln.worker")
 @click.option("--worker-secret", default=None, envvar="KILN_WORKER_SECRET", help="The gateway's worker secret (ZeroMQ CURVE); without the right one the gateway never sees this worker.")
 @click.option("--worker-secret-file", default=None, type=click.Path(dir_okay=False), envvar="KILN_WORKER_SECRET_FILE", help="Read --worker-secret from this file, so it never shows in `ps`.")
 def main(**options) -> None:
-    """Serve one model to a kiln-gateway."""
+    """Serve one model to one or more kiln-gateways."""
     from kiln.protocol.security import SecretError, load_secret
 
     try:  # checked before the model loads, which takes a while
