@@ -1,0 +1,210 @@
+"""Two gateway replicas and the workers they share, as real processes on loopback.
+
+Every worker connects to both gateways (one ``--gateway`` each). The scripted engine (named as
+such) plays the model where the test is about capacity and faults: its ``[[hang]]`` prompt holds a
+request (and its slot) until the worker cancels it, which is how a test sees that the worker gave
+up on a dead gateway's requests. One test serves the real bundled model through both replicas.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.conformance import assert_error, assert_response, assert_stream
+from tests.gateway.test_routing import routed
+from tests.replicas import Replicas
+from tests.support import sse_events
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTED = "kiln-scripted"
+REAL = "smollm2-135m-instruct"
+WAIT_S = 60.0  # generous bound on anything that should take a few heartbeats
+
+
+def post(url: str, body: dict, timeout: float = 60) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        return client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi", "max_output_tokens": 8, **body})
+
+
+def until(predicate, timeout: float = WAIT_S, what: str = "condition") -> float:
+    """Seconds until ``predicate()`` held (bounded; fails the test past ``timeout``)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            if predicate():
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"no {what} within {timeout}s")
+
+
+def load(replicas: Replicas, gateway: int) -> int:
+    """The shared worker's active + queued as ``gateway`` sees it (from its heartbeats)."""
+    workers = replicas.health(gateway)["workers"]
+    return workers[0]["active"] + workers[0]["queued"] if workers else -1
+
+
+def served_by(replicas: Replicas, gateway: int, body: dict, headers: dict | None = None) -> str:
+    """The worker ``gateway`` sent one short request to (from its /metrics)."""
+    with httpx.Client(base_url=replicas.urls[gateway], timeout=60) as client:
+        before = routed(client)
+        r = client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi", "max_output_tokens": 4, **body}, headers=headers)
+        assert r.status_code == 200, r.text
+        after = routed(client)
+    grew = [w for w in after if after[w] > before.get(w, 0)]
+    assert len(grew) == 1, (before, after)
+    return grew[0]
+
+
+# -- one worker, two gateways, batch 1 + queue 1 -----------------------------------------------
+
+
+@pytest.fixture
+def shared(tmp_path):
+    # 400 tokens at 10 ms: a request that holds its slot for ~4 s, far longer than the others take
+    # to arrive; [[hang]] holds one until it is cancelled.
+    args = ["--engine", "scripted", "--scripted-delay", "0.01", "--scripted-reply", "y" * 400, "--max-batch", "1", "--queue-depth", "1"]
+    replicas = Replicas(tmp_path, gateways=2, workers=1, worker_args=args).start()
+    yield replicas
+    replicas.stop()
+
+
+def test_both_gateways_serve_through_the_same_worker(shared):
+    assert shared.worker_ids(0) == shared.worker_ids(1) and len(shared.worker_ids(0)) == 1
+    for url in shared.urls:
+        r = post(url, {})
+        assert r.status_code == 200, r.text
+        assert_response(r.json())
+        assert r.json()["status"] == "incomplete"  # 8 of the 400 tokens: max_output_tokens
+
+
+def _outcome(url: str, streaming: bool) -> str:
+    body = {"model": SCRIPTED, "input": "hi", "stream": streaming}  # the whole 400-token reply
+    with httpx.Client(base_url=url, timeout=120) as client, client.stream("POST", "/v1/responses", json=body) as r:
+        if not streaming:
+            r.read()
+            if r.status_code == 503:
+                assert_error(r.json())
+                assert r.json()["error"]["code"] == "server_is_overloaded"
+                return "refused"
+            assert r.status_code == 200, r.text
+            assert_response(r.json())
+            return "served"
+        assert r.status_code == 200
+        names, events = sse_events(r)
+    assert_stream(events, names)
+    if names[-1] == "response.failed":
+        assert events[-1]["response"]["error"]["code"] == "server_is_overloaded", events[-1]
+        return "refused"
+    assert names[-1] == "response.completed", names
+    return "served"
+
+
+def test_the_worker_admits_batch_plus_queue_whichever_gateway_asks(shared):
+    """Four requests at once, two through each gateway (one streaming each): the worker takes one
+    running and one queued, refuses the other two cleanly, and nobody hangs."""
+    start = threading.Barrier(4)
+
+    def run(gateway: int, streaming: bool) -> str:
+        start.wait(30)
+        return _outcome(shared.urls[gateway], streaming)
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(run, g, s) for g in (0, 1) for s in (False, True)]
+        outcomes = sorted(f.result(timeout=120) for f in futures)
+    assert outcomes == ["refused", "refused", "served", "served"]
+    # Both slots free again: each gateway serves.
+    for url in shared.urls:
+        assert post(url, {}).status_code == 200
+
+
+def _hold(url: str, outcomes: list) -> None:
+    """A stream that the scripted engine never finishes ([[hang]]): it ends when its gateway dies."""
+    body = {"model": SCRIPTED, "input": "[[hang]]", "stream": True}
+    try:
+        with httpx.Client(base_url=url, timeout=httpx.Timeout(120, connect=10)) as client, client.stream("POST", "/v1/responses", json=body) as r:
+            for _ in r.iter_lines():
+                pass
+        outcomes.append("ended")
+    except httpx.HTTPError as exc:  # the gateway went away mid-stream
+        outcomes.append(type(exc).__name__)
+
+
+def test_a_dead_gateways_requests_are_cancelled_and_it_is_served_again_after_restart(shared):
+    outcomes: list = []
+    holders = [threading.Thread(target=_hold, args=(shared.urls[0], outcomes)) for _ in range(2)]
+    for t in holders:
+        t.start()
+    # Gateway 1 sees the worker full with gateway 0's requests (one running, one queued)...
+    until(lambda: load(shared, 1) == 2, what="full worker in gateway 1's view")
+    refused = post(shared.urls[1], {})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_is_overloaded"
+
+    shared.kill_gateway(0)
+    for t in holders:
+        t.join(30)
+    assert not any(t.is_alive() for t in holders) and "ended" not in outcomes  # failures, not hangs
+    # ...until the worker gives up on the dead gateway (its heartbeat timeout is 3 s) and cancels
+    # them: the hung requests would otherwise hold both slots forever.
+    until(lambda: post(shared.urls[1], {}).status_code == 200, what="free slot after the gateway died")
+    assert "cancelled the requests of a gateway that is gone" in shared.worker_procs[0].log_path.read_text()
+
+    shared.start_gateway(0)  # the same HTTP port and worker socket
+    until(lambda: httpx.get(shared.urls[0] + "/health", timeout=5).status_code in (200, 503), what="restarted gateway up")
+    took = until(lambda: len(shared.health(0)["workers"]) == 1, what="worker registered with the restarted gateway")
+    assert took < shared.heartbeat_timeout_s + 5  # re-registration retries every 0.25 s; slack for a busy CI
+    r = post(shared.urls[0], {})
+    assert r.status_code == 200, r.text
+    assert_response(r.json())
+    assert shared.worker_ids(0) == shared.worker_ids(1)
+
+
+# -- two workers: sticky routing across replicas ------------------------------------------------
+
+
+def test_every_gateway_sends_a_prompt_cache_key_to_the_same_worker(tmp_path):
+    replicas = Replicas(tmp_path, gateways=2, workers=2, worker_args=["--engine", "scripted"]).start()
+    try:
+        assert replicas.worker_ids(0) == replicas.worker_ids(1)
+        homes = {}
+        for n in range(16):
+            key = f"conversation-{n}"
+            homes[key] = served_by(replicas, 0, {"prompt_cache_key": key})
+            assert served_by(replicas, 1, {"prompt_cache_key": key}) == homes[key], key
+            assert served_by(replicas, 0, {"prompt_cache_key": key}) == homes[key], key
+        assert len(set(homes.values())) == 2  # the keys spread over both workers
+        # A Codex-style session header routes the same way on both.
+        session = {"session-id": "codex-session-7"}
+        assert served_by(replicas, 0, {}, session) == served_by(replicas, 1, {}, session)
+    finally:
+        replicas.stop()
+
+
+# -- the real model through both replicas -------------------------------------------------------
+
+
+def test_the_real_model_serves_both_gateways_and_shares_its_prefix_cache(tmp_path):
+    replicas = Replicas(tmp_path, gateways=2, workers=1, worker_args=["--max-batch", "2"]).start(timeout=300)
+    try:
+        clients = [OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0) for url in replicas.urls]
+        history = [{"role": "user", "content": "My dog is called Pepper and he likes long walks by the river. Reply with OK."}]
+        first = clients[0].responses.create(model=REAL, input=history, prompt_cache_key="chat-pepper", max_output_tokens=8, temperature=0)
+        assert_response(first.model_dump(mode="json", exclude_unset=True))
+        history += [{"role": "assistant", "content": first.output_text}, {"role": "user", "content": "What is my dog called?"}]
+        # Turn 2 through the other replica lands on the worker that holds turn 1's prefix.
+        second = clients[1].responses.create(model=REAL, input=history, prompt_cache_key="chat-pepper", max_output_tokens=8, temperature=0)
+        assert_response(second.model_dump(mode="json", exclude_unset=True))
+        assert second.usage.input_tokens_details.cached_tokens > 0
+        with clients[1].responses.stream(model=REAL, input="Say hello.", max_output_tokens=8) as stream:
+            final = stream.get_final_response()
+        assert final.status in ("completed", "incomplete") and final.output_text
+    finally:
+        replicas.stop()
