@@ -3,14 +3,23 @@
 Every worker connects to both gateways (one ``--gateway`` each). The scripted engine (named as
 such) plays the model where the test is about capacity and faults: its ``[[hang]]`` prompt holds a
 request (and its slot) until the worker cancels it, which is how a test sees that the worker gave
-up on a dead gateway's requests. One test serves the real bundled model through both replicas.
+up on a dead gateway's requests. One test serves the real bundled model through both replicas, and one runs the worker in its own
+network namespace (another host, simulated), reaching both gateways over a veth pair.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -67,12 +76,12 @@ def served_by(replicas: Replicas, gateway: int, body: dict, headers: dict | None
 # -- one worker, two gateways, batch 1 + queue 1 -----------------------------------------------
 
 
-@pytest.fixture
-def shared(tmp_path):
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
     # 400 tokens at 10 ms: a request that holds its slot for ~4 s, far longer than the others take
-    # to arrive; [[hang]] holds one until it is cancelled.
+    # to arrive; [[hang]] holds one until it is cancelled. Each test leaves both gateways serving.
     args = ["--engine", "scripted", "--scripted-delay", "0.01", "--scripted-reply", "y" * 400, "--max-batch", "1", "--queue-depth", "1"]
-    replicas = Replicas(tmp_path, gateways=2, workers=1, worker_args=args).start()
+    replicas = Replicas(tmp_path_factory.mktemp("replicas"), gateways=2, workers=1, worker_args=args).start()
     yield replicas
     replicas.stop()
 
@@ -203,8 +212,67 @@ def test_the_real_model_serves_both_gateways_and_shares_its_prefix_cache(tmp_pat
         second = clients[1].responses.create(model=REAL, input=history, prompt_cache_key="chat-pepper", max_output_tokens=8, temperature=0)
         assert_response(second.model_dump(mode="json", exclude_unset=True))
         assert second.usage.input_tokens_details.cached_tokens > 0
-        with clients[1].responses.stream(model=REAL, input="Say hello.", max_output_tokens=8) as stream:
-            final = stream.get_final_response()
-        assert final.status in ("completed", "incomplete") and final.output_text
+        events = list(clients[0].responses.create(model=REAL, input="Say hello.", max_output_tokens=8, stream=True))
+        assert events[-1].type in ("response.completed", "response.incomplete") and events[-1].response.output_text
     finally:
         replicas.stop()
+
+
+# -- a worker on "another host": its own network namespace, reaching the gateways over a veth ---
+
+
+@contextmanager
+def network_namespace() -> Iterator[tuple[str, str]]:
+    """A network namespace joined to this one by a veth pair: (its name, this side's address).
+    Skips the test where namespaces cannot be made (not root, no ``ip``, a locked-down sandbox)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("making a network namespace needs root and iproute2")
+    tag = secrets.token_hex(3)
+    name, host_end, ns_end = f"kiln-test-{tag}", f"kv{tag}h", f"kv{tag}n"
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    subnet = next(f"10.231.{n}" for n in random.sample(range(256), 256) if f" 10.231.{n}." not in used)
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    try:
+        ip("netns", "add", name)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot make a network namespace here: {exc.stderr.decode().strip()}")
+    try:
+        ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        ip("link", "set", ns_end, "netns", name)
+        ip("addr", "add", f"{subnet}.1/30", "dev", host_end)
+        ip("link", "set", host_end, "up")
+        ip("netns", "exec", name, "ip", "addr", "add", f"{subnet}.2/30", "dev", ns_end)
+        ip("netns", "exec", name, "ip", "link", "set", ns_end, "up")
+        ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+        yield name, f"{subnet}.1"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)  # takes the veth pair along
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, timeout=30)  # if it was never moved
+
+
+def test_a_worker_in_its_own_network_namespace_serves_both_gateways(tmp_path):
+    with network_namespace() as (namespace, host_address):
+        # A worker socket other hosts can reach needs the worker secret (CURVE): the gateways
+        # refuse to bind one without it.
+        replicas = Replicas(
+            tmp_path, gateways=2, workers=1, worker_args=["--engine", "scripted"],
+            env={"KILN_WORKER_SECRET": secrets.token_urlsafe(24)},
+            workers_host=host_address, worker_prefix=["ip", "netns", "exec", namespace],
+        )
+        replicas.start()
+        try:
+            assert replicas.worker_ids(0) == replicas.worker_ids(1) and len(replicas.worker_ids(0)) == 1
+            for url in replicas.urls:
+                r = post(url, {})
+                assert r.status_code == 200, r.text
+                assert_response(r.json())
+            # The worker really is elsewhere: the gateways' loopback HTTP ports are out of its reach.
+            port = replicas.ports[0]
+            probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5)"
+            reach = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+            assert reach.returncode != 0 and "ConnectionRefusedError" in reach.stderr
+        finally:
+            replicas.stop()
