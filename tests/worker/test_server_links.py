@@ -214,3 +214,18 @@ def test_a_gateway_that_forgot_the_worker_gets_its_requests_cancelled_and_a_regi
     a.answer = None
     a.registers.get(timeout=WAIT_S)
     assert worker.calls.empty()
+
+
+def test_gateways_come_from_repeated_flags_and_comma_lists(monkeypatch):
+    from kiln.protocol.settings_fields import from_options
+    from kiln.worker.cli import gateway_list, main
+    from kiln.worker.settings import WorkerSettings
+
+    def gateways(argv: list[str]) -> tuple[str, ...]:
+        return gateway_list(from_options(WorkerSettings, main.make_context("kiln-worker", argv).params).gateway)
+
+    monkeypatch.delenv("KILN_GATEWAY", raising=False)
+    assert gateways([]) == ("tcp://127.0.0.1:5555",)
+    assert gateways(["--gateway", "tcp://a:1", "--gateway", "tcp://b:2,tcp://a:1"]) == ("tcp://a:1", "tcp://b:2")
+    monkeypatch.setenv("KILN_GATEWAY", "tcp://a:1, tcp://b:2")
+    assert gateways([]) == ("tcp://a:1", "tcp://b:2")
