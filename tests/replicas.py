@@ -31,6 +31,9 @@ class Replicas:
     workers_host: str = "127.0.0.1"
     worker_prefix: list[str] = field(default_factory=list)
     heartbeat_timeout_s: float = 3.0
+    # A Redis URL: the gateways advertise their worker sockets there and the workers discover
+    # them (no --gateway list). Set KILN_REDIS_NAMESPACE in ``env`` to keep tests apart.
+    discover: str | None = None
 
     def __post_init__(self) -> None:
         self.ports = [free_port() for _ in range(self.gateways)]
@@ -59,6 +62,8 @@ class Replicas:
         """Start gateway ``i`` (again, after a kill) on its own HTTP port and worker socket."""
         self._starts += 1
         argv = [sys.executable, "-m", "kiln.gateway", "--port", str(self.ports[i]), "--workers-bind", self.zmq[i], "--heartbeat-timeout", str(self.heartbeat_timeout_s), *self.gateway_args]
+        if self.discover:
+            argv += ["--redis-url", self.discover, "--advertise-workers", self.zmq[i]]
         proc = Proc(argv, self._env(), self.tmp / f"gateway{i}-{self._starts}.log").start()
         self.gateway_procs[i] = proc
         return proc
@@ -70,7 +75,7 @@ class Replicas:
 
     def add_worker(self, extra: list[str] | None = None) -> Proc:
         n = len(self.worker_procs)
-        gateways = [arg for address in self.zmq for arg in ("--gateway", address)]
+        gateways = ["--discover-redis", self.discover] if self.discover else [arg for address in self.zmq for arg in ("--gateway", address)]
         argv = [*self.worker_prefix, sys.executable, "-m", "kiln.worker", *gateways, *self.worker_args, *(extra or [])]
         proc = Proc(argv, self._env(), self.tmp / f"worker{n}.log").start()
         self.worker_procs.append(proc)

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 from kiln.protocol.logs import configure
 from kiln.protocol.settings_fields import from_options, settings_options
 
@@ -19,13 +20,14 @@ from .settings import WorkerSettings
 log = logging.getLogger("kiln.worker")
 
 
-def gateway_list(values: tuple[str, ...]) -> tuple[str, ...]:
+def gateway_list(values: tuple[str, ...], *, discovering: bool = False) -> tuple[str, ...]:
     """The gateways to serve: each value may hold several comma-separated addresses (so that
-    ``KILN_GATEWAY=tcp://a:5555,tcp://b:5555`` works), in order, each once."""
+    ``KILN_GATEWAY=tcp://a:5555,tcp://b:5555`` works), in order, each once. None given: the
+    default address, unless the gateways are discovered (then only those)."""
     addresses = [part.strip() for value in values for part in value.split(",")]
     unique = tuple(dict.fromkeys(a for a in addresses if a))
-    if not unique:
-        raise click.BadParameter("give at least one gateway address", param_hint="--gateway")
+    if not unique and not discovering:
+        return (DEFAULT_WORKERS_ADDRESS,)
     return unique
 
 
@@ -40,7 +42,8 @@ def main(**options: Any) -> None:
         secret = load_secret(settings.worker_secret, settings.worker_secret_file)
     except SecretError as exc:
         raise click.BadParameter(str(exc), param_hint="--worker-secret")
-    settings = replace(settings, gateway=gateway_list(settings.gateway), worker_secret=secret, worker_secret_file=None)
+    gateways = gateway_list(settings.gateway, discovering=settings.discover_redis is not None)
+    settings = replace(settings, gateway=gateways, worker_secret=secret, worker_secret_file=None)
     if settings.engine == "mlx":
         # Before mlx is imported: on Linux CPUs re-exec with OpenBLAS preloaded (see blas.py).
         from .loading.blas import reexec_with_openblas
@@ -99,4 +102,9 @@ def build_server(settings: WorkerSettings):
     scheduler.start()
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
-    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, secret=settings.worker_secret)
+    discovery = None
+    if settings.discover_redis:
+        from .discovery import RedisDiscovery
+
+        discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, secret=settings.worker_secret, discovery=discovery)

@@ -13,6 +13,10 @@ when the gateway has been silent past its heartbeat timeout (it answers every he
 ``Registered``). In both cases the requests that gateway sent are cancelled: nobody is left to read
 them, and they must not run to the end holding slots the other gateways need.
 
+Gateways may also be discovered (``--discover-redis``, worker/discovery.py): the loop opens a link
+for each newly advertised gateway and closes a discovered link once its gateway is neither
+advertised nor answering.
+
 Threads: this I/O loop owns the DEALER sockets and does nothing slow, so heartbeats never wait
 on work (the service queues rendering and tokenizing on its preparation threads). The scheduler
 and preparation threads produce events; since ZeroMQ sockets are single-threaded, every other
@@ -76,6 +80,8 @@ class GatewayLink:
     heard: float = 0.0  # when this gateway last sent anything (monotonic)
     timeout_s: float | None = None  # its heartbeat timeout once it said so (None: never given up on)
     requests: set[str] = field(default_factory=set)  # received and not yet answered terminally
+    emit: Callable[[Any], None] = lambda _message: None  # how the service answers its requests
+    discovered: bool = False  # advertised in Redis rather than given with --gateway
 
     def send(self, payload: bytes) -> bool:
         """Send without blocking; False when the gateway is unreachable or too far behind."""
@@ -126,10 +132,12 @@ class Outbox:
 
 
 class WorkerServer:
-    def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None, secret: str | None = None) -> None:
+    def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None, secret: str | None = None, discovery: Any = None) -> None:
         self.gateways = [gateways] if isinstance(gateways, str) else list(gateways)
-        if not self.gateways:
-            raise ValueError("a worker needs at least one gateway")
+        # Gateways advertised in Redis (worker/discovery.py), served besides the given ones.
+        self.discovery = discovery
+        if not self.gateways and discovery is None:
+            raise ValueError("a worker needs a gateway, or a way to discover them")
         self.secret = secret  # the worker secret: each DEALER becomes a CURVE client (None: plain)
         self.service = service
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
@@ -145,11 +153,13 @@ class WorkerServer:
         )
         self._stop = threading.Event()
         self._register_frame = encode(self.register)
+        self._links: dict[int, GatewayLink] = {}  # by index, while running
+        self._next_index = 0
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _connect(self, ctx: zmq.Context, index: int, address: str) -> GatewayLink:
+    def _open(self, ctx: zmq.Context, poller: zmq.Poller, outbox: Outbox, address: str, *, discovered: bool = False) -> GatewayLink:
         dealer = ctx.socket(zmq.DEALER)
         secure_worker_socket(dealer, self.secret)
         dealer.setsockopt(zmq.IDENTITY, self.worker_id.encode())
@@ -159,34 +169,58 @@ class WorkerServer:
         dealer.setsockopt(zmq.IMMEDIATE, 1)
         dealer.setsockopt(zmq.SNDHWM, SEND_HWM)
         dealer.connect(address)
-        return GatewayLink(index, address, dealer, heard=time.monotonic())
+        index, self._next_index = self._next_index, self._next_index + 1  # never reused
+        link = GatewayLink(index, address, dealer, heard=time.monotonic(), emit=outbox.emitter(index), discovered=discovered)
+        self._links[index] = link
+        poller.register(dealer, zmq.POLLIN)
+        log.info("connecting", extra={"gateway": address, "worker": self.worker_id, "discovered": discovered})
+        return link
+
+    def _close(self, poller: zmq.Poller, link: GatewayLink) -> None:
+        self._forget(link)
+        poller.unregister(link.socket)
+        link.socket.close(0)
+        del self._links[link.index]
+        log.info("stopped serving gateway", extra={"gateway": link.address})
+
+    def _rediscover(self, ctx: zmq.Context, poller: zmq.Poller, outbox: Outbox) -> None:
+        """Serve newly advertised gateways; let go of discovered ones no longer advertised once
+        they stop answering (a gateway that still answers is never dropped for Redis's sake)."""
+        advertised = self.discovery.addresses() if self.discovery is not None else None
+        if advertised is None:
+            return
+        served = {link.address for link in self._links.values()}
+        for address in sorted(advertised - served):
+            self._open(ctx, poller, outbox, address, discovered=True)
+        for link in list(self._links.values()):
+            if link.discovered and link.address not in advertised and not link.registered:
+                self._close(poller, link)
 
     def run(self) -> None:
         ctx = zmq.Context.instance()
-        links = [self._connect(ctx, i, address) for i, address in enumerate(self.gateways)]
-        by_socket = {link.socket: link for link in links}
         inbox_address = f"inproc://kiln-outbox-{self.worker_id}"
         inbox = ctx.socket(zmq.PULL)
         inbox.bind(inbox_address)
         outbox = Outbox(ctx, inbox_address)
-        emitters = [outbox.emitter(link.index) for link in links]
         poller = zmq.Poller()
-        for link in links:
-            poller.register(link.socket, zmq.POLLIN)
         poller.register(inbox, zmq.POLLIN)
+        for address in self.gateways:
+            self._open(ctx, poller, outbox, address)
+        if self.discovery is not None:
+            self.discovery.start()
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
         next_register = time.monotonic()
-        log.info("connecting", extra={"gateways": self.gateways, "worker": self.worker_id})
         try:
             while not self._stop.is_set():
+                links = list(self._links.values())
                 now = time.monotonic()
                 wake = min(next_beat, next_register) if any(not link.registered for link in links) else next_beat
                 for sock, _ in poller.poll(max(0, min(int((wake - now) * 1000), 200))):
                     if sock is inbox:
-                        self._forward(links, inbox.recv_multipart())
+                        self._forward(inbox.recv_multipart())
                         continue
-                    link = by_socket[sock]
-                    self._receive(link, sock.recv(), links, emitters[link.index])
+                    link = next(link for link in links if link.socket is sock)
+                    self._receive(link, sock.recv())
                 now = time.monotonic()
                 for link in links:
                     if link.silent(now):
@@ -194,20 +228,24 @@ class WorkerServer:
                         self._forget(link)
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT_INTERVAL_S
-                    self._beat(links)
+                    self._beat()
                 if now >= next_register:
                     next_register = now + REGISTER_RETRY_S
-                    for link in links:
+                    self._rediscover(ctx, poller, outbox)
+                    for link in self._links.values():
                         if not link.registered:
                             link.send(self._register_frame)
         finally:
+            if self.discovery is not None:
+                self.discovery.stop()
             outbox.close()
             inbox.close(0)
-            for link in links:
+            for link in self._links.values():
                 link.socket.close(0)
+            self._links.clear()
 
     # -- the loop's steps ------------------------------------------------------------------------
-    def _receive(self, link: GatewayLink, frame: bytes, links: list[GatewayLink], emit: Callable[[Any], None]) -> None:
+    def _receive(self, link: GatewayLink, frame: bytes) -> None:
         link.heard = time.monotonic()
         try:
             message = decode(frame)
@@ -224,14 +262,14 @@ class WorkerServer:
         if isinstance(message, Cancel):
             if req_id in link.requests:  # only the gateway that sent a request may stop it
                 link.requests.discard(req_id)
-                self._handle(message, emit)
+                self._handle(message, link.emit)
             return
-        if any(req_id in other.requests for other in links):
+        if any(req_id in other.requests for other in self._links.values()):
             # Request ids are random per gateway; a repeat is a gateway's bug, refused on its own.
             link.send(encode(Failed(req_id, 500, "server_error", "This request id is already in use on the worker.")))
             return
         link.requests.add(req_id)
-        self._handle(message, emit)
+        self._handle(message, link.emit)
 
     def _registered(self, link: GatewayLink, message: Registered) -> None:
         if message.ok:
@@ -257,12 +295,12 @@ class WorkerServer:
             self._handle(Cancel(req_id), lambda _message: None)
         link.requests.clear()
 
-    def _forward(self, links: list[GatewayLink], frames: list[bytes]) -> None:
+    def _forward(self, frames: list[bytes]) -> None:
         """Send one service message on the link its request came from."""
         tag, rid, final, payload = frames
-        link = links[int(tag)]
+        link = self._links.get(int(tag))
         req_id = rid.decode()
-        if req_id not in link.requests:
+        if link is None or req_id not in link.requests:
             return  # cancelled, or its gateway forgot it: nobody reads it
         if final:
             link.requests.discard(req_id)
@@ -273,10 +311,10 @@ class WorkerServer:
             link.requests.discard(req_id)
             self._handle(Cancel(req_id), lambda _message: None)
 
-    def _beat(self, links: list[GatewayLink]) -> None:
+    def _beat(self) -> None:
         stats = self.service.stats()
-        held = sum(len(link.requests) for link in links)
-        for link in links:
+        held = sum(len(link.requests) for link in self._links.values())
+        for link in self._links.values():
             if link.registered:
                 others = held - len(link.requests)
                 link.send(encode(Heartbeat(self.worker_id, stats.get("active", 0), stats.get("queued", 0), stats, others)))

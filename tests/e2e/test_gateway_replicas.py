@@ -13,6 +13,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -276,3 +277,35 @@ def test_a_worker_in_its_own_network_namespace_serves_both_gateways(tmp_path):
             assert reach.returncode != 0 and "ConnectionRefusedError" in reach.stderr
         finally:
             replicas.stop()
+
+
+# -- discovery: replicas advertised in Redis -----------------------------------------------------
+
+
+def test_a_worker_discovers_replicas_that_appear_and_go_through_redis(tmp_path):
+    import redis
+
+    url = os.environ.get("KILN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"Redis unavailable at {url}: {exc}")
+    replicas = Replicas(tmp_path, gateways=2, workers=1, worker_args=["--engine", "scripted"], discover=url, env={"KILN_REDIS_NAMESPACE": "kiln-test-" + secrets.token_hex(6)})
+    try:
+        replicas.start_gateway(0)
+        replicas.add_worker()  # no --gateway: only what Redis advertises
+        replicas.wait_ready(120, 1, gateways=[0])
+        assert post(replicas.urls[0], {}).status_code == 200
+        replicas.start_gateway(1)  # a replica that appears later is served, no worker restart
+        replicas.wait_ready(120, 1, gateways=[1])
+        assert replicas.worker_ids(0) == replicas.worker_ids(1)
+        assert post(replicas.urls[1], {}).status_code == 200
+        replicas.kill_gateway(1, signal.SIGTERM)  # a clean stop withdraws its address
+        log = replicas.worker_procs[0].log_path
+        until(lambda: "stopped serving gateway" in log.read_text(), what="worker letting go of the stopped replica")
+        assert post(replicas.urls[0], {}).status_code == 200
+        replicas.start_gateway(1)  # and back
+        replicas.wait_ready(60, 1, gateways=[1])
+        assert post(replicas.urls[1], {}).status_code == 200
+    finally:
+        replicas.stop()

@@ -229,3 +229,50 @@ def test_gateways_come_from_repeated_flags_and_comma_lists(monkeypatch):
     assert gateways(["--gateway", "tcp://a:1", "--gateway", "tcp://b:2,tcp://a:1"]) == ("tcp://a:1", "tcp://b:2")
     monkeypatch.setenv("KILN_GATEWAY", "tcp://a:1, tcp://b:2")
     assert gateways([]) == ("tcp://a:1", "tcp://b:2")
+
+
+class ListedDiscovery:
+    """A stand-in for the Redis discovery (worker/discovery.py): the test sets what is advertised."""
+
+    def __init__(self) -> None:
+        self.advertised: frozenset[str] | None = None
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def addresses(self) -> frozenset[str] | None:
+        return self.advertised
+
+
+def test_advertised_gateways_are_served_and_let_go_once_gone_and_silent(gateways):
+    a, b = gateways
+    a.heartbeat_timeout_s = b.heartbeat_timeout_s = 1.0
+    discovery = ListedDiscovery()
+    service = RecordingService()
+    server = WorkerServer([a.address], service, model_id="m", aliases=[], context_window=64, capacity=1, queue_depth=1, discovery=discovery)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        a.registers.get(timeout=WAIT_S)
+        discovery.advertised = frozenset({b.address})  # B appears: served without a restart
+        b.registers.get(timeout=WAIT_S)
+        generate(b, service, "via-b")
+        discovery.advertised = frozenset()  # B withdrew, but still answers: kept
+        b.heartbeats.get(timeout=WAIT_S)
+        b.heartbeats.get(timeout=WAIT_S)
+        assert service.calls.empty()
+        b.answering = False  # and now it is gone: its request is cancelled, the link closed
+        assert service.next_call() == ("cancel", "via-b")
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and b.address in {link.address for link in list(server._links.values())}:
+            time.sleep(0.05)
+        assert {link.address for link in list(server._links.values())} == {a.address}  # the given one stays
+        discovery.advertised = frozenset({b.address})  # back again: served again
+        b.answering = True
+        b.heartbeats.get(timeout=WAIT_S)
+    finally:
+        server.stop()
+        thread.join(5)
