@@ -277,7 +277,11 @@ class WorkerServer:
                 log.info("registered with gateway", extra={"gateway": link.address})
             link.registered = True
             timeout = message.heartbeat_timeout_s
-            link.timeout_s = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0 else None
+            if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+                # It answers our heartbeats, so silence shorter than two of them means nothing.
+                link.timeout_s = max(float(timeout), 2 * HEARTBEAT_INTERVAL_S)
+            else:
+                link.timeout_s = None
         elif message.error == "reregister":
             # The gateway does not know us (it restarted, or dropped us): the requests it sent
             # are forgotten there, so they end here too, and we register again at once.

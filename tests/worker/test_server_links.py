@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import zmq
 
-from kiln.protocol import Cancel, Done, Event, Generate, Heartbeat, Register, Registered, decode, encode
+from kiln.protocol import Cancel, CountTokens, Done, Event, Generate, Heartbeat, Register, Registered, TokenCount, decode, encode
 from kiln.worker.server import WorkerServer
 
 WAIT_S = 15.0  # generous bound on anything the loop does within a few heartbeats
@@ -32,6 +32,9 @@ class RecordingService:
     def generate(self, message: Generate, emit: Callable[[Any], None]) -> None:
         self.emits[message.req_id] = emit
         self.calls.put(("generate", message.req_id))
+
+    def count(self, message: CountTokens, emit: Callable[[Any], None]) -> None:
+        emit(TokenCount(message.req_id, len(message.req_id)))  # answered at once, like a tiny prompt
 
     def cancel(self, req_id: str) -> None:
         self.calls.put(("cancel", req_id))
@@ -144,6 +147,15 @@ def test_each_request_is_answered_on_the_socket_it_came_from(gateways, worker):
     assert b.next(Event).req_id == "from-b"
     assert b.next(Done).req_id == "from-b"
     assert a.received.empty()  # nothing of B's request reached A
+
+
+def test_token_counts_go_back_to_the_gateway_that_asked(gateways, worker):
+    a, b = gateways
+    a.send(CountTokens("count-a", {"input": []}))
+    b.send(CountTokens("count-bb", {"input": []}))
+    assert a.next(TokenCount) == TokenCount("count-a", 7)
+    assert b.next(TokenCount) == TokenCount("count-bb", 8)
+    assert a.received.empty() and b.received.empty()
 
 
 def test_only_the_gateway_that_sent_a_request_can_cancel_it(gateways, worker):
