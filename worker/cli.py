@@ -20,12 +20,10 @@ from .settings import WorkerSettings
 log = logging.getLogger("kiln.worker")
 
 
-def gateway_list(values: tuple[str, ...], *, discovering: bool = False) -> tuple[str, ...]:
-    """The gateways to serve: each value may hold several comma-separated addresses (so that
-    ``KILN_GATEWAY=tcp://a:5555,tcp://b:5555`` works), in order, each once. None given: the
-    default address, unless the gateways are discovered (then only those)."""
-    addresses = [part.strip() for value in values for part in value.split(",")]
-    unique = tuple(dict.fromkeys(a for a in addresses if a))
+def gateway_list(addresses: tuple[str, ...], *, discovering: bool = False) -> tuple[str, ...]:
+    """The gateways to serve (``--gateway`` values, comma lists already split), in order, each
+    once. None given: the default address, unless the gateways are discovered (then only those)."""
+    unique = tuple(dict.fromkeys(addresses))
     if not unique and not discovering:
         return (DEFAULT_WORKERS_ADDRESS,)
     return unique
