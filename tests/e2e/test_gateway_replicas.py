@@ -1,6 +1,7 @@
 """Two gateway replicas and the workers they share, as real processes on loopback.
 
-Every worker connects to both gateways (one ``--gateway`` each). The scripted engine (named as
+Every worker connects to both gateways (one ``--gateway`` each); the gateways are reached on their
+own ports (tests/cluster.py without HAProxy: these tests choose the replica themselves). The scripted engine (named as
 such) plays the model where the test is about capacity and faults: its ``[[hang]]`` prompt holds a
 request (and its slot) until the worker cancels it, which is how a test sees that the worker gave
 up on a dead gateway's requests. One test serves the real bundled model through both replicas, and one runs the worker in its own
@@ -28,7 +29,7 @@ from openai import OpenAI
 
 from tests.conformance import assert_error, assert_response, assert_stream
 from tests.gateway.test_routing import routed
-from tests.replicas import Replicas
+from tests.cluster import Cluster
 from tests.support import sse_events
 
 pytestmark = pytest.mark.e2e
@@ -56,15 +57,19 @@ def until(predicate, timeout: float = WAIT_S, what: str = "condition") -> float:
     pytest.fail(f"no {what} within {timeout}s")
 
 
-def load(replicas: Replicas, gateway: int) -> int:
+def urls(cluster: Cluster) -> list[str]:
+    return [cluster.gateway_url(i) for i in range(cluster.gateways)]
+
+
+def load(replicas: Cluster, gateway: int) -> int:
     """The shared worker's active + queued as ``gateway`` sees it (from its heartbeats)."""
     workers = replicas.health(gateway)["workers"]
     return workers[0]["active"] + workers[0]["queued"] if workers else -1
 
 
-def served_by(replicas: Replicas, gateway: int, body: dict, headers: dict | None = None) -> str:
+def served_by(replicas: Cluster, gateway: int, body: dict, headers: dict | None = None) -> str:
     """The worker ``gateway`` sent one short request to (from its /metrics)."""
-    with httpx.Client(base_url=replicas.urls[gateway], timeout=60) as client:
+    with httpx.Client(base_url=replicas.gateway_url(gateway), timeout=60) as client:
         before = routed(client)
         r = client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi", "max_output_tokens": 4, **body}, headers=headers)
         assert r.status_code == 200, r.text
@@ -82,14 +87,14 @@ def shared(tmp_path_factory):
     # 400 tokens at 10 ms: a request that holds its slot for ~4 s, far longer than the others take
     # to arrive; [[hang]] holds one until it is cancelled. Each test leaves both gateways serving.
     args = ["--engine", "scripted", "--scripted-delay", "0.01", "--scripted-reply", "y" * 400, "--max-batch", "1", "--queue-depth", "1"]
-    replicas = Replicas(tmp_path_factory.mktemp("replicas"), gateways=2, workers=1, worker_args=args).start()
+    replicas = Cluster(tmp_path_factory.mktemp("replicas"), gateways=2, workers=[[0, 1]], worker_args=args, with_haproxy=False).start()
     yield replicas
     replicas.stop()
 
 
 def test_both_gateways_serve_through_the_same_worker(shared):
     assert shared.worker_ids(0) == shared.worker_ids(1) and len(shared.worker_ids(0)) == 1
-    for url in shared.urls:
+    for url in urls(shared):
         r = post(url, {})
         assert r.status_code == 200, r.text
         assert_response(r.json())
@@ -125,14 +130,14 @@ def test_the_worker_admits_batch_plus_queue_whichever_gateway_asks(shared):
 
     def run(gateway: int, streaming: bool) -> str:
         start.wait(30)
-        return _outcome(shared.urls[gateway], streaming)
+        return _outcome(urls(shared)[gateway], streaming)
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(run, g, s) for g in (0, 1) for s in (False, True)]
         outcomes = sorted(f.result(timeout=120) for f in futures)
     assert outcomes == ["refused", "refused", "served", "served"]
     # Both slots free again: each gateway serves.
-    for url in shared.urls:
+    for url in urls(shared):
         assert post(url, {}).status_code == 200
 
 
@@ -150,12 +155,12 @@ def _hold(url: str, outcomes: list) -> None:
 
 def test_a_dead_gateways_requests_are_cancelled_and_it_is_served_again_after_restart(shared):
     outcomes: list = []
-    holders = [threading.Thread(target=_hold, args=(shared.urls[0], outcomes)) for _ in range(2)]
+    holders = [threading.Thread(target=_hold, args=(urls(shared)[0], outcomes)) for _ in range(2)]
     for t in holders:
         t.start()
     # Gateway 1 sees the worker full with gateway 0's requests (one running, one queued)...
     until(lambda: load(shared, 1) == 2, what="full worker in gateway 1's view")
-    refused = post(shared.urls[1], {})
+    refused = post(urls(shared)[1], {})
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_is_overloaded"
 
     shared.kill_gateway(0)
@@ -164,14 +169,14 @@ def test_a_dead_gateways_requests_are_cancelled_and_it_is_served_again_after_res
     assert not any(t.is_alive() for t in holders) and "ended" not in outcomes  # failures, not hangs
     # ...until the worker gives up on the dead gateway (its heartbeat timeout is 3 s) and cancels
     # them: the hung requests would otherwise hold both slots forever.
-    until(lambda: post(shared.urls[1], {}).status_code == 200, what="free slot after the gateway died")
+    until(lambda: post(urls(shared)[1], {}).status_code == 200, what="free slot after the gateway died")
     assert "cancelled the requests of a gateway that is gone" in shared.worker_procs[0].log_path.read_text()
 
     shared.start_gateway(0)  # the same HTTP port and worker socket
-    until(lambda: httpx.get(shared.urls[0] + "/health", timeout=5).status_code in (200, 503), what="restarted gateway up")
+    until(lambda: httpx.get(urls(shared)[0] + "/health", timeout=5).status_code in (200, 503), what="restarted gateway up")
     took = until(lambda: len(shared.health(0)["workers"]) == 1, what="worker registered with the restarted gateway")
-    assert took < shared.heartbeat_timeout_s + 5  # re-registration retries every 0.25 s; slack for a busy CI
-    r = post(shared.urls[0], {})
+    assert took < shared.heartbeat_timeout + 5  # re-registration retries every 0.25 s; slack for a busy CI
+    r = post(urls(shared)[0], {})
     assert r.status_code == 200, r.text
     assert_response(r.json())
     assert shared.worker_ids(0) == shared.worker_ids(1)
@@ -181,7 +186,7 @@ def test_a_dead_gateways_requests_are_cancelled_and_it_is_served_again_after_res
 
 
 def test_every_gateway_sends_a_prompt_cache_key_to_the_same_worker(tmp_path):
-    replicas = Replicas(tmp_path, gateways=2, workers=2, worker_args=["--engine", "scripted"]).start()
+    replicas = Cluster(tmp_path, gateways=2, workers=[[0, 1], [0, 1]], worker_args=["--engine", "scripted"], with_haproxy=False).start()
     try:
         assert replicas.worker_ids(0) == replicas.worker_ids(1)
         homes = {}
@@ -202,9 +207,9 @@ def test_every_gateway_sends_a_prompt_cache_key_to_the_same_worker(tmp_path):
 
 
 def test_the_real_model_serves_both_gateways_and_shares_its_prefix_cache(tmp_path):
-    replicas = Replicas(tmp_path, gateways=2, workers=1, worker_args=["--max-batch", "2"]).start(timeout=300)
+    replicas = Cluster(tmp_path, gateways=2, workers=[[0, 1]], worker_args=["--max-batch", "2"], with_haproxy=False).start(timeout=300)
     try:
-        clients = [OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0) for url in replicas.urls]
+        clients = [OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0) for url in urls(replicas)]
         history = [{"role": "user", "content": "My dog is called Pepper and he likes long walks by the river. Reply with OK."}]
         first = clients[0].responses.create(model=REAL, input=history, prompt_cache_key="chat-pepper", max_output_tokens=8, temperature=0)
         assert_response(first.model_dump(mode="json", exclude_unset=True))
@@ -256,17 +261,16 @@ def network_namespace() -> Iterator[tuple[str, str]]:
 
 def test_a_worker_in_its_own_network_namespace_serves_both_gateways(tmp_path):
     with network_namespace() as (namespace, host_address):
-        # A worker socket other hosts can reach needs the worker secret (CURVE): the gateways
-        # refuse to bind one without it.
-        replicas = Replicas(
-            tmp_path, gateways=2, workers=1, worker_args=["--engine", "scripted"],
-            env={"KILN_WORKER_SECRET": secrets.token_urlsafe(24)},
+        # A worker socket other hosts can reach needs the worker secret (CURVE), which the
+        # cluster always sets: the gateways refuse to bind one without it.
+        replicas = Cluster(
+            tmp_path, gateways=2, workers=[[0, 1]], worker_args=["--engine", "scripted"], with_haproxy=False,
             workers_host=host_address, worker_prefix=["ip", "netns", "exec", namespace],
         )
         replicas.start()
         try:
             assert replicas.worker_ids(0) == replicas.worker_ids(1) and len(replicas.worker_ids(0)) == 1
-            for url in replicas.urls:
+            for url in urls(replicas):
                 r = post(url, {})
                 assert r.status_code == 200, r.text
                 assert_response(r.json())
@@ -290,22 +294,23 @@ def test_a_worker_discovers_replicas_that_appear_and_go_through_redis(tmp_path):
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
     except redis.RedisError as exc:
         pytest.skip(f"Redis unavailable at {url}: {exc}")
-    replicas = Replicas(tmp_path, gateways=2, workers=1, worker_args=["--engine", "scripted"], discover=url, env={"KILN_REDIS_NAMESPACE": "kiln-test-" + secrets.token_hex(6)})
+    replicas = Cluster(tmp_path, gateways=2, workers=[], worker_args=["--engine", "scripted"], redis_url=url, discover=True, with_haproxy=False)
+    gateway = urls(replicas)
     try:
         replicas.start_gateway(0)
-        replicas.add_worker()  # no --gateway: only what Redis advertises
-        replicas.wait_ready(120, 1, gateways=[0])
-        assert post(replicas.urls[0], {}).status_code == 200
+        replicas.add_worker([])  # no --gateway: only what Redis advertises
+        replicas.wait_until("the worker registered with gateway 0", lambda: replicas.registered(0) == 1, 120)
+        assert post(gateway[0], {}).status_code == 200
         replicas.start_gateway(1)  # a replica that appears later is served, no worker restart
-        replicas.wait_ready(120, 1, gateways=[1])
+        replicas.wait_until("the worker registered with gateway 1", lambda: replicas.registered(1) == 1, 120)
         assert replicas.worker_ids(0) == replicas.worker_ids(1)
-        assert post(replicas.urls[1], {}).status_code == 200
+        assert post(gateway[1], {}).status_code == 200
         replicas.kill_gateway(1, signal.SIGTERM)  # a clean stop withdraws its address
         log = replicas.worker_procs[0].log_path
         until(lambda: "stopped serving gateway" in log.read_text(), what="worker letting go of the stopped replica")
-        assert post(replicas.urls[0], {}).status_code == 200
+        assert post(gateway[0], {}).status_code == 200
         replicas.start_gateway(1)  # and back
-        replicas.wait_ready(60, 1, gateways=[1])
-        assert post(replicas.urls[1], {}).status_code == 200
+        replicas.wait_until("the worker back on gateway 1", lambda: replicas.registered(1) == 1, 60)
+        assert post(gateway[1], {}).status_code == 200
     finally:
         replicas.stop()
