@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from kiln.protocol.settings_fields import setting
 
-# Worker flags kiln serve sets itself: the workers connect to the gateway it started.
-DECIDED_FLAGS = ("--gateway",)
+# Worker flags kiln serve sets itself: the workers connect to the gateway it started (and only
+# to it: they discover no others).
+DECIDED_FLAGS = ("--gateway", "--discover-redis")
 
 
 @dataclass(frozen=True)
