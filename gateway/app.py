@@ -15,6 +15,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from .accounts.middleware import AccountsMiddleware
 from .accounts.service import Accounts
+from .advertise import advertiser_for
 from .edge import EdgeMiddleware
 from .errors import ApiError
 from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
@@ -118,15 +119,21 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
     # Hosted mode (--auth keys): accounts DB, key auth, metering, limits -- see gateway/accounts/.
     accounts = Accounts.from_settings(settings) if settings.auth == "keys" else None
 
+    advertiser = advertiser_for(settings)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
         await loader.start()
         if accounts is not None:
             await accounts.open()
+        if advertiser is not None:
+            await advertiser.start()
         try:
             yield
         finally:
+            if advertiser is not None:
+                await advertiser.stop()
             if accounts is not None:
                 await accounts.close()
             await loader.stop()

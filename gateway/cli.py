@@ -44,6 +44,8 @@ def checked(settings: Settings) -> Settings:
             async_url(settings.database_url)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--database-url")
+    if settings.advertise_workers and not settings.redis_url:
+        raise click.UsageError("--advertise-workers needs --redis-url (env KILN_REDIS_URL): the address is advertised there")
     if settings.catalog_path:
         try:
             Catalog.load(settings.catalog_path)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
+from kiln.protocol.discovery import DEFAULT_REDIS_NAMESPACE
 from kiln.protocol.logs import LogLevel, log_level_setting
 from kiln.protocol.settings_fields import setting
 
@@ -61,7 +62,8 @@ class Settings:
     database_url: str | None = setting(None, secret=True, help="Accounts database: sqlite:///PATH or postgresql://USER@HOST/DB.")
     catalog_path: str | None = setting(None, flag="--catalog", file=True, must_exist=True, help="TOML model catalog with prices; other models get 404 model_not_found. Without it every served model is free.")
     redis_url: str | None = setting(None, secret=True, help="Redis for per-organization concurrency shared by gateway replicas (default: in-process counters).")
-    redis_namespace: str = setting("kiln", help="Key prefix in Redis; replicas of one deployment share it.")
+    redis_namespace: str = setting(DEFAULT_REDIS_NAMESPACE, help="Key prefix in Redis; replicas of one deployment share it.")
+    advertise_workers: str | None = setting(None, help="ZeroMQ address workers should connect to (this replica's --workers-bind as they reach it), advertised in Redis (--redis-url) under a lease, so that workers with --discover-redis find this replica.")
     admin_token: str | None = setting(None, secret=True, help="Bearer token for /admin/maintenance (off without it).")
     admin_token_file: str | None = setting(None, file=True, must_exist=True, help="File holding the admin token (kept out of `ps`, unlike --admin-token).")
     allow_public_no_auth: bool = setting(False, help="Allow --auth none on a non-loopback address.")

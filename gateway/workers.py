@@ -2,7 +2,15 @@
 
 The gateway binds one ROUTER socket; each worker connects a DEALER and registers. Messages for a
 request are delivered to that request's ``Channel``. A worker that stops heartbeating is dropped
-and every request it held gets a ``Failed`` so that no client waits forever.
+and every request it held gets a ``Failed`` so that no client waits forever. The pool answers every
+heartbeat (``Registered``), so that a worker serving several gateway replicas learns when this one
+is gone and stops the requests it sent.
+
+A worker may serve several gateways at once. Its heartbeat then counts the work of all of them
+(``active``, ``queued``) and says how much it holds for the others (``others``); this pool's view
+of its load is that, or its own in-flight requests plus ``others``, whichever is larger
+(``WorkerHandle.load``). Routing by key is rendezvous hashing over worker ids (routing.py), so
+every replica sends a conversation to the same worker.
 
 Nothing a worker reports is taken on trust: with a worker secret only workers holding it can
 connect at all (CURVE, see kiln.protocol.security and worker_auth.py), and a connected worker whose
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +50,7 @@ from kiln.protocol import (
 from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
 
+from . import routing
 from .errors import ApiError
 
 log = logging.getLogger("kiln.gateway.workers")
@@ -83,6 +93,11 @@ class UsageLimits:
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(value: Any) -> int:
+    """A heartbeat's count as routing may use it (anything else counts as 0)."""
+    return value if _is_count(value) else 0
 
 
 def usage_violation(usage: Any, limits: UsageLimits) -> str | None:
@@ -164,6 +179,7 @@ class WorkerHandle:
     active: int = 0
     queued: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
+    others: int = 0  # requests the worker holds for other gateways, as of its last heartbeat
     inflight: set[str] = field(default_factory=set)
     routed: int = 0  # requests sent to this worker since it registered (for /metrics)
     capabilities: Capabilities = field(default_factory=Capabilities)  # read once from Register.features
@@ -175,8 +191,9 @@ class WorkerHandle:
 
     @property
     def load(self) -> int:
-        # Our own in-flight count is current; the heartbeat's figures lag by up to a second.
-        return max(len(self.inflight), self.active + self.queued)
+        # Our own in-flight count is current; the heartbeat's figures (every gateway's work in
+        # the scheduler, the other gateways' requests) lag by up to a second.
+        return max(len(self.inflight) + self.others, self.active + self.queued)
 
     def overloaded(self) -> bool:
         return self.load >= self.info.capacity + self.info.queue_depth
@@ -235,9 +252,6 @@ class WorkerPool:
         self.auth: Any = None  # the WorkerAuthenticator while started with a secret
         self.workers: dict[bytes, WorkerHandle] = {}
         self.channels: dict[str, Channel] = {}
-        # prompt_cache_key -> worker identity that last served it (bounded LRU).
-        self._sticky: dict[str, bytes] = {}
-        self._sticky_limit = 65536
         self._ctx = zmq.asyncio.Context.instance()
         self._own_ctx = False
         self._banned: dict[bytes, None] = {}  # insertion-ordered set, bounded by BANNED_LIMIT
@@ -405,27 +419,22 @@ class WorkerPool:
         return None
 
     # -- routing ---------------------------------------------------------------------------------
-    def pick(self, model: str, cache_key: str | None = None) -> WorkerHandle:
-        """Choose a worker for ``model``.
+    def pick(self, model: str, cache_key: str | None = None, exclude: Collection[bytes] = ()) -> WorkerHandle:
+        """Choose a worker for ``model`` (other than those in ``exclude``).
 
-        Requests sharing a ``cache_key`` go back to the worker that holds their prefix unless it is
-        overloaded; everything else goes to the least-loaded worker.
+        Requests sharing a ``cache_key`` go to the key's home among the model's workers (the same
+        on every gateway replica, see routing.py), or when it is full to the next of the key's
+        workers with room; everything else, and a key whose workers are all full, goes to the
+        least-loaded worker.
         """
-        candidates = [w for w in self.workers.values() if model in w.names]
+        candidates = [w for w in self.workers.values() if model in w.names and w.identity not in exclude]
         if not candidates:
             raise NoWorker(model)
         if cache_key is not None:
-            identity = self._sticky.get(cache_key)
-            sticky = self.workers.get(identity) if identity is not None else None
-            if sticky is not None and model in sticky.names and not sticky.overloaded():
-                return sticky
-        chosen = min(candidates, key=lambda w: (w.load / max(w.info.capacity, 1), w.load))
-        if cache_key is not None:
-            self._sticky.pop(cache_key, None)
-            self._sticky[cache_key] = chosen.identity
-            if len(self._sticky) > self._sticky_limit:
-                self._sticky.pop(next(iter(self._sticky)))
-        return chosen
+            for worker in routing.rank(cache_key, candidates, lambda w: w.info.worker_id):
+                if not worker.overloaded():
+                    return worker
+        return min(candidates, key=lambda w: (w.load / max(w.info.capacity, 1), w.load))
 
     async def wait_for_worker(self, timeout: float) -> bool:
         try:
@@ -501,8 +510,10 @@ class WorkerPool:
             return
         worker.last_seen = time.monotonic()
         if isinstance(message, Heartbeat):
-            worker.active, worker.queued, worker.cache = message.active, message.queued, message.cache
-            worker.rss_bytes = message.rss_bytes if _is_count(message.rss_bytes) else 0
+            worker.active, worker.queued, worker.cache = _count(message.active), _count(message.queued), message.cache
+            worker.others = _count(message.others)
+            worker.rss_bytes = _count(message.rss_bytes)
+            await self._send(identity, self._welcome())  # so the worker knows this gateway is there
             return
         if isinstance(message, (Event, Done, Failed, TokenCount, Compacted)):
             channel = self.channels.get(message.req_id)
@@ -535,6 +546,11 @@ class WorkerPool:
             await self._send(identity, Registered(ok=False, error=error))
             return
         old = self.workers.get(identity)
+        if old is not None and (old.info.worker_id, old.info.pid) == (message.worker_id, message.pid):
+            # The same process again (its Register crossed our answer): nothing to undo.
+            old.last_seen = time.monotonic()
+            await self._send(identity, self._welcome())
+            return
         if old is not None:
             self._fail_inflight(old, "the worker restarted")
         handle = WorkerHandle(identity, message, time.monotonic(), capabilities=Capabilities.from_map(message.features))
@@ -544,11 +560,16 @@ class WorkerPool:
             "worker registered",
             extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},
         )
-        await self._send(identity, Registered(ok=True))
+        await self._send(identity, self._welcome())
         self._registered.set()
         for future in self._arrivals.get(message.model, []):
             if not future.done():
                 future.set_result(None)
+
+    def _welcome(self) -> Registered:
+        """The answer to a known worker: with our heartbeat timeout, after which (without a word
+        from us) the worker gives up on this gateway and cancels what it sent."""
+        return Registered(ok=True, heartbeat_timeout_s=self.heartbeat_timeout_s)
 
     async def _liveness_loop(self) -> None:
         while True:

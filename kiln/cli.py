@@ -68,7 +68,7 @@ def serve(**options: Any) -> None:
         bind = own.workers_bind or f"ipc://{runtime}/workers.sock"
         # Checked whole (hosted settings, files read) before anything starts.
         gateway = checked(from_options(Settings, {**options, "workers_bind": bind, **secrets}))
-        worker = replace(worker, gateway=bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"), **secrets)
+        worker = replace(worker, gateway=(bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"),), **secrets)
         base = {k: v for k, v in os.environ.items() if k not in env_names([ServeSettings, Settings, WorkerSettings])}
         worker_env = child_env(worker, base)
         # Workers share the cores: each gets its share of BLAS threads unless the user chose.

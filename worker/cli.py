@@ -1,4 +1,4 @@
-"""``kiln-worker``: load one model and serve it to a gateway over ZeroMQ."""
+"""``kiln-worker``: load one model and serve it to one or more gateways over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 from kiln.protocol.logs import configure
 from kiln.protocol.settings_fields import from_options, settings_options
 
@@ -19,10 +20,19 @@ from .settings import WorkerSettings
 log = logging.getLogger("kiln.worker")
 
 
+def gateway_list(addresses: tuple[str, ...], *, discovering: bool = False) -> tuple[str, ...]:
+    """The gateways to serve (``--gateway`` values, comma lists already split), in order, each
+    once. None given: the default address, unless the gateways are discovered (then only those)."""
+    unique = tuple(dict.fromkeys(addresses))
+    if not unique and not discovering:
+        return (DEFAULT_WORKERS_ADDRESS,)
+    return unique
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @settings_options(WorkerSettings)
 def main(**options: Any) -> None:
-    """Serve one model to a kiln-gateway."""
+    """Serve one model to one or more kiln-gateways."""
     from kiln.protocol.security import SecretError, load_secret
 
     settings = from_config(from_options(WorkerSettings, options))
@@ -30,7 +40,8 @@ def main(**options: Any) -> None:
         secret = load_secret(settings.worker_secret, settings.worker_secret_file)
     except SecretError as exc:
         raise click.BadParameter(str(exc), param_hint="--worker-secret")
-    settings = replace(settings, worker_secret=secret, worker_secret_file=None)
+    gateways = gateway_list(settings.gateway, discovering=settings.discover_redis is not None)
+    settings = replace(settings, gateway=gateways, worker_secret=secret, worker_secret_file=None)
     if settings.engine == "mlx":
         # Before mlx is imported: on Linux CPUs re-exec with OpenBLAS preloaded (see blas.py).
         from .loading.blas import reexec_with_openblas
@@ -111,5 +122,10 @@ def build_server(settings: WorkerSettings):
     scheduler.start()
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
+    discovery = None
+    if settings.discover_redis:
+        from .discovery import RedisDiscovery
+
+        discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
     features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
-    return WorkerServer(settings.gateway, service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret)
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery)

@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
+from kiln.protocol.discovery import DEFAULT_REDIS_NAMESPACE
 from kiln.protocol.logs import LogLevel, log_level_setting
 from kiln.protocol.settings_fields import setting
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    gateway: str = setting(DEFAULT_WORKERS_ADDRESS, help="ZeroMQ address of the gateway's worker socket.")
+    # Empty: DEFAULT_WORKERS_ADDRESS, unless the gateways are discovered (worker/cli.py).
+    gateway: tuple[str, ...] = setting((), separator=",", repeatable=True, help=f"ZeroMQ address of a gateway's worker socket; repeat it (or separate addresses with commas) to serve several gateway replicas. Default: {DEFAULT_WORKERS_ADDRESS}, or none with --discover-redis.")
+    discover_redis: str | None = setting(None, secret=True, help="Redis URL where gateway replicas advertise their worker addresses (their --advertise-workers): serve each one advertised, picking up replicas that appear or go.")
+    redis_namespace: str = setting(DEFAULT_REDIS_NAMESPACE, help="Key prefix in Redis; replicas of one deployment share it.")
     config_path: str | None = setting(None, flag="--config", file=True, must_exist=True, help="A kiln.toml ([[models]] tables, as kiln serve --config takes): serve the model --model-id names, with its settings from the file.")
     model: str | None = setting(None, help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
     model_id: str | None = setting(None, help="The id to serve the model under (default: from its file, folder or hub id).")

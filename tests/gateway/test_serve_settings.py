@@ -75,7 +75,7 @@ def test_flags_and_variables_reach_the_right_child(monkeypatch, tmp_path):
     for _, argv in call.workers:
         worker = child_settings(monkeypatch, worker_main, WorkerSettings, argv, call.worker_env)
         assert (worker.max_batch, worker.model_alias, worker.engine, worker.log_level) == (3, ("a", "b c"), "scripted", "info")
-        assert worker.gateway == gateway.workers_bind and worker.worker_secret == gateway.worker_secret is not None
+        assert worker.gateway == (gateway.workers_bind,) and worker.worker_secret == gateway.worker_secret is not None
     assert "KILN_DATABASE_URL" not in call.worker_env and "KILN_ADMIN_TOKEN" not in call.worker_env
     assert call.health_url == "http://127.0.0.1:18123/health"
 
@@ -88,7 +88,7 @@ def test_each_configured_model_gets_its_own_worker_settings(monkeypatch, tmp_pat
     got = {name: child_settings(monkeypatch, worker_main, WorkerSettings, argv, call.worker_env) for name, argv in call.workers}
     assert sorted(got) == ["worker-b-0", "worker-m_a-0", "worker-m_a-1"]
     a, b = got["worker-m_a-0"], got["worker-b-0"]
-    assert (a.model, a.model_id, a.max_batch, a.gateway) == ("x", "m/a", 2, "tcp://127.0.0.1:18124")
+    assert (a.model, a.model_id, a.max_batch, a.gateway) == ("x", "m/a", 2, ("tcp://127.0.0.1:18124",))
     assert (b.model, b.model_id, b.model_alias, b.context_length, b.max_batch) == ("y", "b", ("bee",), 512, 6)
 
 
