@@ -25,7 +25,7 @@ def hosted_options(func):
         click.option("--auth", type=click.Choice(["none", "keys"]), default="none", show_default=True, envvar="KILN_AUTH", help="keys: API keys per organization, metering, credits and concurrency limits (needs --database-url)."),
         click.option("--database-url", default=None, envvar="KILN_DATABASE_URL", help="Accounts database: sqlite:///PATH or postgresql://USER@HOST/DB."),
         click.option("--catalog", "catalog_path", default=None, type=click.Path(exists=True, dir_okay=False), envvar="KILN_CATALOG", help="TOML model catalog with prices; other models get 404 model_not_found. Without it every served model is free."),
-        click.option("--redis-url", default=None, envvar="KILN_REDIS_URL", help="Redis for per-organization concurrency shared by gateway replicas (default: in-process counters)."),
+        click.option("--redis-url", default=None, envvar="KILN_REDIS_URL", help="Redis shared by gateway replicas: per-organization concurrency and the maintenance switch (--auth keys), the stores (--store redis). Default: in-process."),
         click.option("--redis-namespace", default="kiln", show_default=True, envvar="KILN_REDIS_NAMESPACE", help="Key prefix in Redis; replicas of one deployment share it."),
         click.option("--admin-token", default=None, envvar="KILN_ADMIN_TOKEN", help="Bearer token for /admin/maintenance (off without it)."),
         click.option("--allow-public-no-auth", is_flag=True, default=False, envvar="KILN_ALLOW_PUBLIC_NO_AUTH", help="Allow --auth none on a non-loopback address."),
@@ -138,6 +138,8 @@ def main(host: str, port: int, workers_bind: str, max_body_bytes: int, heartbeat
     default_temperature = options.pop("default_temperature")
     timeouts = {"first_event_timeout_s": options.pop("first_event_timeout"), "event_timeout_s": options.pop("event_timeout")}
     hosted = hosted_settings(host, options)
+    if stores["store_mode"] == "redis" and not hosted["redis_url"]:
+        raise click.UsageError("--store redis needs --redis-url (env KILN_REDIS_URL)")
     worker_secret = worker_secret_setting(workers_bind, options.pop("worker_secret"), options.pop("worker_secret_file"))
     edge = edge_settings(options)
     settings = Settings(

@@ -23,13 +23,15 @@ class Settings:
     # spec says; "drop" removes them so clients that always send them (Codex) still work.
     hosted_tools: str = "reject"
     # The response store (spec: Storage Flags). store_mode "none" is the hosted contract's
-    # store-less gateway; "memory" is the local default.
+    # store-less gateway; "memory" is the local default; "redis" shares the stores between
+    # gateway replicas through redis_url (docs/deploy-state.md).
     store_mode: str = "memory"
     responses_store_max_entries: int = 1024
     responses_store_max_bytes: int = 268435456
     responses_store_ttl_secs: int = 3600
     responses_background_max_jobs: int = 64
     responses_background_ephemeral_ttl_secs: int = 600
+    responses_background_lease_secs: int = 30  # --store redis: a dead replica's jobs fail within it
     conversation_store_max_entries: int = 256
     conversation_store_max_bytes: int = 67108864
     conversation_store_ttl_secs: int = 3600

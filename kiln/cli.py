@@ -77,6 +77,8 @@ def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...],
             os.environ.pop(_HOSTED_ENV[name], None)
         else:
             os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
+    if store_opts["store_mode"] == "redis" and not os.environ.get("KILN_REDIS_URL"):
+        raise click.UsageError("--store redis needs --redis-url (env KILN_REDIS_URL)")
     # The token file was read above; the gateway gets the token alone (KILN_ADMIN_TOKEN), not both.
     os.environ.pop("KILN_ADMIN_TOKEN_FILE", None)
     runtime = None
