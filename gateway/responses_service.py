@@ -278,7 +278,9 @@ class ResponsesService:
             refusal = error
             if response.status in ("completed", "incomplete"):
                 response.fail("server_error", "The response could not be stored: the response store is unavailable.")
-        if response.status in TERMINAL:
+        if refusal is not None:
+            await self.event_buffers.discard(response.id)  # the store is away: do not wait on it
+        elif response.status in TERMINAL:
             await self.event_buffers.finish(response.id, terminal_event(response))
         return refusal
 
