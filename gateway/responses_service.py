@@ -249,12 +249,13 @@ class ResponsesService:
 
     async def start_foreground(self, generation: Generation) -> None:
         generation.timer = GenerationTimer(self.metrics)
-        await self.compaction_phase(generation)
         rid = generation.response.id
-        # Registered before the worker is asked, so that a cancel on another replica reaches it;
-        # a stored response refuses to start when the store is down (it could not be kept).
+        # Registered before any worker is asked (compaction included), so that a cancel on another
+        # replica reaches it; a stored response refuses to start when the store is down (it could
+        # not be kept).
         await self.live.add(rid, generation.owner, generation.response.snapshot(), required=self._stores(generation))
         try:
+            await self.compaction_phase(generation)
             await generation.open()
         except BaseException:
             await self.live.discard(rid)
