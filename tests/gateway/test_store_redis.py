@@ -272,7 +272,7 @@ async def test_foreground_response_is_seen_and_cancelled_from_the_other_replica(
             return _sse(r.text)
 
         streaming = asyncio.create_task(stream_on_a())
-        await _wait(lambda: a.pool.held)
+        await _wait(lambda: a.service.inflight)
         rid = next(iter(a.service.inflight))
         seen = (await b.get(f"/v1/responses/{rid}")).json()
         assert seen["status"] == "in_progress"
@@ -308,17 +308,24 @@ async def test_limits_hold_across_replicas(shared):
         assert health["backend"] == "redis" and health["responses"]["entries"] == 3
 
 
-async def test_byte_budget_and_ttl_are_the_deployments(shared):
-    async with replicas(*shared, responses_store_max_bytes=6000, responses_store_ttl_secs=1) as (a, b):
+async def test_byte_budget_is_the_deployments(shared):
+    async with replicas(*shared, responses_store_max_bytes=10_000) as (a, b):
         ids = [(await (a, b)[i % 2].create(input=f"{i} " + "x" * 1000))["id"] for i in range(8)]
         stats = (await a.get("/health")).json()["stores"]["responses"]
-        assert stats["bytes"] <= 6000 and stats["entries"] < 8
+        assert stats["bytes"] <= 10_000 and 2 <= stats["entries"] < 8
         assert (await b.get(f"/v1/responses/{ids[-1]}")).status_code == 200
-        assert (await b.get(f"/v1/responses/{ids[0]}")).status_code == 404  # evicted by bytes
-        deadline = time.monotonic() + 10
-        while (await a.get(f"/v1/responses/{ids[-1]}")).status_code == 200:  # Redis expiry
-            assert time.monotonic() < deadline
+        assert (await b.get(f"/v1/responses/{ids[0]}")).status_code == 404  # the oldest, evicted by bytes
+
+
+async def test_ttl_is_redis_expiry(shared):
+    async with replicas(*shared, responses_store_ttl_secs=1) as (a, b):
+        rid = (await a.create(input="short-lived"))["id"]
+        deadline = time.monotonic() + 15
+        while (await b.get(f"/v1/responses/{rid}")).status_code == 200:
+            assert time.monotonic() < deadline, "never expired"
             await asyncio.sleep(0.1)
+        ctx = a.service.stores.lifecycle.ctx
+        assert not await ctx.redis.exists(ctx.keys.data(ctx.keys.responses, rid))
 
 
 async def test_maintenance_switch_is_shared(shared, tmp_path):
