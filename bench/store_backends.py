@@ -9,7 +9,9 @@ from 1 and 16 concurrent clients in a closed loop:
 - ``create``: a non-streaming POST /v1/responses with ``store`` on (what every stored create pays:
   the in-flight registration and the stored response);
 - ``chain``: a create continuing the client's previous response (``previous_response_id``: one
-  read) followed by a GET of it (another read).
+  read) followed by a GET of it (another read); each client starts a new chain every
+  ``CHAIN_TURNS`` steps (a stored response holds its whole history, so what Redis moves per step
+  grows with the chain).
 
 p50/p99 latency per request (a chain step counts as one) and requests/s, medians over runs; the
 difference is the store backend's cost. Redis should run on the same host or LAN as in production.
@@ -30,6 +32,8 @@ import httpx
 
 from .client import median, percentile
 from .servers import Server, spec_for
+
+CHAIN_TURNS = 8
 
 
 def progress(msg: str) -> None:
@@ -62,8 +66,12 @@ async def load(base_url: str, model: str, workload: str, concurrency: int, total
         async def one_client() -> None:
             nonlocal remaining
             previous = None
+            steps = 0
             while remaining > 0:
                 remaining -= 1
+                steps += 1
+                if steps % CHAIN_TURNS == 0:
+                    previous = None
                 t0 = time.perf_counter()
                 try:
                     previous = await step(previous)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ApiError
 from .protocols import JobState, ResponseStore
+from .responses import StoredResponse
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -78,7 +79,7 @@ class MemoryJobBoard:
     async def update(self, job: Job, view: dict[str, Any]) -> None:
         return None  # a poll reads the live job itself
 
-    async def finish(self, job: Job, final: Any) -> bool:
+    async def finish(self, job: Job, final: StoredResponse) -> bool:
         await self.withdraw(job)
         if self.store is not None:
             await self.store.put(final)

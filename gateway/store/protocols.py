@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ApiError
+
+if TYPE_CHECKING:
+    from .background import Job
+    from .conversations import Conversation
+    from .responses import StoredResponse
 
 __all__ = [
     "ConversationStore",
@@ -52,16 +57,16 @@ class ResponseStore(Protocol):
     @property
     def max_bytes(self) -> int: ...
 
-    async def put(self, stored: Any) -> bool:
+    async def put(self, stored: StoredResponse) -> bool:
         """Keep a ``StoredResponse`` (response and input items in one write); False when it
         alone is larger than the byte budget or the store is off."""
 
-    async def get(self, response_id: str) -> Any:
+    async def get(self, response_id: str) -> StoredResponse | None:
         """The ``StoredResponse``, or None (unknown, evicted or expired)."""
 
     async def delete(self, response_id: str) -> bool: ...
 
-    def size_of(self, stored: Any) -> int:
+    def size_of(self, stored: StoredResponse) -> int:
         """What ``stored`` costs against the byte budget (so a caller can swap in a stub)."""
 
     async def stats(self) -> dict[str, int]:
@@ -77,20 +82,20 @@ class ConversationStore(Protocol):
     @property
     def enabled(self) -> bool: ...
 
-    async def create(self, key: str, conv: Any) -> bool: ...
+    async def create(self, key: str, conv: Conversation) -> bool: ...
 
-    async def get(self, key: str) -> Any:
+    async def get(self, key: str) -> Conversation | None:
         """The ``Conversation`` with its items, or None."""
 
     async def delete(self, key: str) -> bool: ...
 
-    async def set_metadata(self, key: str, metadata: dict[str, str]) -> Any: ...
+    async def set_metadata(self, key: str, metadata: dict[str, str]) -> Conversation | None: ...
 
     async def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         """Append items (as resources), starting the conversation if it does not exist; returns
         the resources added."""
 
-    async def delete_item(self, key: str, item_id: str) -> Any:
+    async def delete_item(self, key: str, item_id: str) -> Conversation | None:
         """The conversation without the item, or None when either is unknown."""
 
     async def transcript(self, key: str) -> list[dict[str, Any]]:
@@ -135,18 +140,18 @@ class JobBoard(Protocol):
     ``active`` holds the jobs this replica runs (their tasks and generations); the state every
     replica can read is ``get``'s."""
 
-    active: dict[str, Any]
+    active: dict[str, Job]
 
-    async def admit(self, job: Any) -> None:
+    async def admit(self, job: Job) -> None:
         """Take a job in; 429 ``rate_limit_exceeded`` when the job count or byte budget is full."""
 
-    async def withdraw(self, job: Any) -> None:
+    async def withdraw(self, job: Job) -> None:
         """Undo an admission: the job could not start (no worker), nothing is stored."""
 
-    async def update(self, job: Any, view: dict[str, Any]) -> None:
+    async def update(self, job: Job, view: dict[str, Any]) -> None:
         """The job's poll view changed (queued -> in_progress)."""
 
-    async def finish(self, job: Any, final: Any) -> bool:
+    async def finish(self, job: Job, final: StoredResponse) -> bool:
         """End a job: store its final ``StoredResponse`` and drop the job in one step. False when
         this replica no longer owns it (another replica failed or cancelled it meanwhile)."""
 

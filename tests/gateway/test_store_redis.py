@@ -276,11 +276,18 @@ async def test_foreground_response_is_seen_and_cancelled_from_the_other_replica(
         rid = next(iter(a.service.inflight))
         seen = (await b.get(f"/v1/responses/{rid}")).json()
         assert seen["status"] == "in_progress"
+
+        async def follow_on_b() -> list[dict]:  # streamed retrieval of A's live stream, from B
+            r = await b.client.get(f"/v1/responses/{rid}", params={"stream": "true"})
+            return _sse(r.text)
+
+        followed = asyncio.create_task(follow_on_b())
         cancelled = await bounded(b.client.post(f"/v1/responses/{rid}/cancel"))
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         events = await bounded(streaming)
         assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "cancelled"
         assert_stream(events)
+        assert [e["type"] for e in await bounded(followed)] == [e["type"] for e in events]
         assert (await b.get(f"/v1/responses/{rid}")).json()["status"] == "cancelled"
 
 
@@ -354,6 +361,30 @@ async def test_maintenance_switch_is_shared(shared, tmp_path):
         while (await a.get("/v1/models", headers=user)).status_code != 200:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
+
+
+async def test_other_organizations_ids_are_unknown_on_every_replica(shared, tmp_path):
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    url, namespace = shared
+    async with replicas(url, namespace, auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db") as (a, b):
+        db = a.app.state.accounts.db
+        keys = []
+        for org in ("acme", "globex"):
+            await create_org(db, org, credits_usd=10)
+            keys.append({"Authorization": f"Bearer {(await create_key(db, org)).key}"})
+        acme, globex = keys
+        r = await bounded(a.client.post("/v1/responses", json={"model": MODEL, "input": "secret"}, headers=acme))
+        rid = r.json()["id"]
+        assert (await b.get(f"/v1/responses/{rid}", headers=acme)).status_code == 200
+        for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+            assert (await b.get(path, headers=globex)).status_code == 404
+        chained = await bounded(b.client.post("/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": rid}, headers=globex))
+        assert chained.status_code == 400 and chained.json()["error"]["code"] == "previous_response_not_found"
+        conv = (await bounded(a.client.post("/v1/conversations", json={}, headers=acme))).json()
+        assert (await b.get(f"/v1/conversations/{conv['id']}", headers=globex)).status_code == 404
+        assert (await b.get(f"/v1/conversations/{conv['id']}", headers=acme)).status_code == 200
 
 
 # -- Redis down and back ----------------------------------------------------------------------
