@@ -44,16 +44,13 @@ class ModelConfig:
     tool_parser: str | None = None
     load: str = "always"
 
-    def worker_args(self) -> list[str]:
-        """The kiln-worker flags that serve this model."""
-        args = ["--model", self.source, "--model-id", self.id]
-        for alias in self.aliases:
-            args += ["--model-alias", alias]
-        for flag, value in (("--context-length", self.context_length), ("--max-batch", self.max_batch),
-                            ("--cache-bytes", self.cache_bytes), ("--tool-parser", self.tool_parser)):  # fmt: skip
-            if value is not None:
-                args += [flag, str(value)]
-        return args
+    def worker_settings(self) -> dict[str, Any]:
+        """The worker settings (``WorkerSettings`` fields) this model's workers get over the rest."""
+        values: dict[str, Any] = {"model": self.source, "model_id": self.id, "model_alias": self.aliases}
+        for name in ("context_length", "max_batch", "cache_bytes", "tool_parser"):
+            if getattr(self, name) is not None:
+                values[name] = getattr(self, name)
+        return values
 
 
 @dataclass(frozen=True)

@@ -69,13 +69,14 @@ def _child_setup(parent: int) -> Callable[[], None]:
 class Child:
     name: str
     argv: list[str]
+    env: dict[str, str] | None = None  # None: this process's environment
     process: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
     next_start: float = 0.0
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, preexec_fn=_child_setup(os.getpid()))
+        self.process = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, preexec_fn=_child_setup(os.getpid()))
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
@@ -234,17 +235,8 @@ class Supervisor:
                 child.process.wait()
 
 
-def _flag(args: list[str], name: str, default: str) -> str:
-    for i, arg in enumerate(args[:-1]):
-        if arg == name:
-            return args[i + 1]
-    return default
-
-
-def health_url(gateway_args: list[str]) -> str:
+def health_url(host: str, port: int) -> str:
     """Where the supervisor asks the gateway whether the workers have registered."""
-    host = _flag(gateway_args, "--host", "127.0.0.1")
-    port = _flag(gateway_args, "--port", "8080")
     if host in ("", "0.0.0.0", "*"):
         host = "127.0.0.1"
     elif host == "::":
@@ -254,19 +246,10 @@ def health_url(gateway_args: list[str]) -> str:
     return f"http://{host}:{port}/health"
 
 
-def build(*, gateway_args: list[str], worker_args: list[str], workers: int,
-          models: list[tuple[str, list[str], int]] | None = None) -> Supervisor:  # fmt: skip
-    """The supervisor of one gateway and its workers.
-
-    Without `models`: `workers` workers all started with `worker_args`. With `models`
-    (name, model's own worker flags, count), each model gets its own workers, started with
-    `worker_args` plus its flags, and named `worker-<name>-<i>` in the log.
-    """
+def build(*, gateway_args: list[str], gateway_env: dict[str, str] | None = None, workers: list[tuple[str, list[str]]],
+          worker_env: dict[str, str] | None = None, health_url: str) -> Supervisor:  # fmt: skip
+    """The supervisor of one gateway and its workers, each given as (name, kiln-worker argv)."""
     python = sys.executable
-    gateway = Child("gateway", [python, "-m", "kiln.gateway", *gateway_args])
-    if models is None:
-        children = [Child(f"worker-{i}", [python, "-m", "kiln.worker", *worker_args]) for i in range(workers)]
-    else:
-        children = [Child(f"worker-{name}-{i}", [python, "-m", "kiln.worker", *worker_args, *own])
-                    for name, own, count in models for i in range(count)]  # fmt: skip
-    return Supervisor(gateway, children, health_url=health_url(gateway_args))
+    gateway = Child("gateway", [python, "-m", "kiln.gateway", *gateway_args], gateway_env)
+    children = [Child(name, [python, "-m", "kiln.worker", *argv], worker_env) for name, argv in workers]
+    return Supervisor(gateway, children, health_url=health_url)

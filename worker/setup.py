@@ -15,11 +15,11 @@ from .prompt import RenderOptions, function_tools
 log = logging.getLogger("kiln.worker.setup")
 
 
-def model_extras(tokenizer: Any, options: dict) -> dict[str, Any]:
-    """Keyword arguments for GenerationService that depend on the loaded model."""
+def model_extras(tokenizer: Any, tool_parser: str | None) -> dict[str, Any]:
+    """Keyword arguments for GenerationService that depend on the loaded model (and --tool-parser)."""
     template = getattr(tokenizer, "chat_template", None) or ""
     takes_tools = template_supports_tools(template)
-    override = options.get("tool_parser")
+    override = tool_parser
 
     def tools_prompt(body: dict) -> str | None:
         if takes_tools:
