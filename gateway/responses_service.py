@@ -444,13 +444,15 @@ class ResponsesService:
     async def _lookup(self, response_id: str, owner: Any) -> tuple[JobState | None, Generation | None, StoredResponse | None]:
         """What the id names, as far as ``owner`` may see it (another tenant's ids are unknown)."""
         store = self._require_store()
-        job = await self.jobs.get(response_id)
-        if job is not None and job.owner != owner:
-            job = None
         generation = self.inflight.get(response_id)
         if generation is not None and generation.owner != owner:
             generation = None
-        stored = None if job is not None else await store.get(response_id)
+        # The stored object first: a job's final object is stored as the job ends (in one step),
+        # so a stored response is never also a running job, and the common read is one round trip.
+        stored = await store.get(response_id)
+        job = await self.jobs.get(response_id) if stored is None else None
+        if job is not None and job.owner != owner:
+            job = None
         if stored is not None and stored.owner != owner:
             stored = None
         return job, generation, stored
