@@ -1,7 +1,8 @@
 """Conversations: what ``/v1/conversations`` manages and what ``conversation`` on create reads.
 
 One conversation is one entry of a byte-, entry- and TTL-bounded LRU (the spec's conversation
-store flags), keyed by the owner and the id so that tenants never share one. Items are kept in the
+store flags), keyed by the owner and the id so that tenants never share one:
+``MemoryConversationStore`` here, ``redis/conversations.py`` for several replicas. Items are kept in the
 form the Conversations API lists them (each with an ``id`` and a ``status``, message content as
 parts), which is also the form ``item_reference`` resolves to; ``transcript`` gives them back as
 input items to render.
