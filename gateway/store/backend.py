@@ -20,8 +20,6 @@ from .protocols import ConversationStore, EventLog, ItemIndex, JobBoard, LiveReg
 from .reasoning_echo import MemoryReasoningEcho
 from .responses import MemoryResponseStore
 
-STORE_MODES = ("memory", "redis", "none")
-
 CancelHandler = Callable[[str], Awaitable[dict[str, Any] | None]]
 
 
