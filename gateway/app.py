@@ -103,10 +103,12 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     accounts = Accounts.from_settings(settings) if settings.auth == "keys" else None
 
     advertiser = advertiser_for(settings)
+    responses = ResponsesService(settings, pool)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
+        await responses.open()
         if accounts is not None:
             await accounts.open()
         if advertiser is not None:
@@ -118,6 +120,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
                 await advertiser.stop()
             if accounts is not None:
                 await accounts.close()
+            await responses.close()
             await pool.stop()
 
     metrics = Metrics(pool)
@@ -130,8 +133,8 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     app.state.settings = settings
     app.state.pool = pool
     app.state.accounts = accounts
-    app.state.responses = ResponsesService(settings, pool)
-    app.state.responses.metrics = metrics
+    app.state.responses = responses
+    responses.metrics = metrics
     app.state.metrics = metrics
     app.state.started_at = int(time.time())
     install_request_log(app)  # opt-in: KILN_REQUEST_LOG=PATH
