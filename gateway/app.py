@@ -120,10 +120,12 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
     accounts = Accounts.from_settings(settings) if settings.auth == "keys" else None
 
     advertiser = advertiser_for(settings)
+    responses = ResponsesService(settings, pool)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
+        await responses.open()
         await loader.start()
         if accounts is not None:
             await accounts.open()
@@ -137,6 +139,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
             if accounts is not None:
                 await accounts.close()
             await loader.stop()
+            await responses.close()
             await pool.stop()
 
     metrics = Metrics(pool)
@@ -150,8 +153,8 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
     app.state.pool = pool
     app.state.loader = loader
     app.state.accounts = accounts
-    app.state.responses = ResponsesService(settings, pool)
-    app.state.responses.metrics = metrics
+    app.state.responses = responses
+    responses.metrics = metrics
     app.state.metrics = metrics
     app.state.started_at = int(time.time())
     install_request_log(app)  # opt-in: KILN_REQUEST_LOG=PATH

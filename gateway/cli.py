@@ -46,6 +46,8 @@ def checked(settings: Settings) -> Settings:
             raise click.BadParameter(str(exc), param_hint="--database-url")
     if settings.advertise_workers and not settings.redis_url:
         raise click.UsageError("--advertise-workers needs --redis-url (env KILN_REDIS_URL): the address is advertised there")
+    if settings.store_mode == "redis" and not settings.redis_url:
+        raise click.UsageError("--store redis needs --redis-url (env KILN_REDIS_URL)")
     if settings.catalog_path:
         try:
             Catalog.load(settings.catalog_path)

@@ -274,7 +274,7 @@ class Session:
             body = _validated(self.ws, body)  # type: ignore[arg-type]  # an HTTPConnection suffices
             body.setdefault(SESSION_FIELD, f"ws-{self.id}")  # all turns to the worker of the first
             history = self._history(body)
-            generation, own_input = self.service.prepare(body, self.owner, history=history)
+            generation, own_input = await self.service.prepare(body, self.owner, history=history)
             if not generate:
                 generation.body["max_output_tokens"] = 1  # prefill (and warm the cache), drop the token
             run = ResponseRun(self.service, generation, own_input, ticket, streaming=True)

@@ -33,7 +33,6 @@ SOURCES = {"gateway": ["gateway", "protocol"], "worker": ["worker", "protocol"]}
 
 # (daemon, setting as the problem names it) -> what is being built, where. Trim as they merge.
 PENDING: dict[tuple[str, str], str] = {
-    ("gateway", "KILN_STORE"): "--store redis (h-redis, issue 18 item 2)",
 }
 
 
