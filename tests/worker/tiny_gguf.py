@@ -91,7 +91,7 @@ def _hyper(writer: GGUFWriter, arch: str, cfg: Mapping[str, Any], vocab: int) ->
         writer.add_uint32(f"{a}.attention.sliding_window", cfg["sliding_window"])
 
 
-def _tokenizer(writer: GGUFWriter, md: Mapping[str, Any]) -> None:
+def _tokenizer(writer: GGUFWriter, md: Mapping[str, Any], chat_template: str = TOOLS_TEMPLATE) -> None:
     writer.add_tokenizer_model(str(md["tokenizer.ggml.model"]))
     writer.add_tokenizer_pre(str(md["tokenizer.ggml.pre"]))
     writer.add_token_list(list(md["tokenizer.ggml.tokens"]))
@@ -99,7 +99,7 @@ def _tokenizer(writer: GGUFWriter, md: Mapping[str, Any]) -> None:
     writer.add_token_merges(list(md["tokenizer.ggml.merges"]))
     writer.add_bos_token_id(int(md["tokenizer.ggml.bos_token_id"].item()))
     writer.add_eos_token_id(int(md["tokenizer.ggml.eos_token_id"].item()))
-    writer.add_chat_template(TOOLS_TEMPLATE)
+    writer.add_chat_template(chat_template)
 
 
 def _inverse_names(arch: str) -> dict[str, str]:
@@ -148,11 +148,12 @@ def _encode(rng, name: str, w: np.ndarray, quant: str) -> tuple[np.ndarray, Q | 
 
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
                config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
-               tokenizer_model: str | None = None) -> tuple[Path, Path]:  # fmt: skip
+               tokenizer_model: str | None = None, chat_template: str | None = None) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
     `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
-    `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one).
+    `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one);
+    `chat_template` replaces the GGUF's (a tools-rendering ChatML one by default).
     """
     import importlib
 
@@ -178,7 +179,7 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     writer.add_name(f"tiny-{case}")
     writer.add_file_type(_FILE_TYPE[quant])
     _hyper(writer, arch, cfg, vocab)
-    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})})
+    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})}, chat_template or TOOLS_TEMPLATE)
     folder_weights: dict[str, mx.array] = {}
     for name, w in sorted(params.items()):
         if name.endswith("norm.weight"):
