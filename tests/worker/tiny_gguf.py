@@ -175,13 +175,14 @@ def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...]) -
 
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
                config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
-               tokenizer_model: str | None = None, chat_template: str = TOOLS_TEMPLATE,
+               tokenizer_model: str | None = None, chat_template: str | None = None,
                k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K)) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
     `tokenizer_md` holds `tokenizer.*` keys as mx.load or tiny_spm gives them.
     `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
     `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one);
+    `chat_template` replaces the GGUF's (a tools-rendering ChatML one by default);
     `k_types` are the K types quant "K" cycles through, one per layer.
     """
     import importlib
@@ -189,6 +190,7 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     from mlx.utils import tree_flatten
 
     arch = GGUF_ARCH.get(case, case)
+    template = chat_template or TOOLS_TEMPLATE
     cfg = dict(config or CONFIGS[case])
     if quant == "K":  # K blocks are 256 wide: make ffn_down that wide, one layer per K type
         cfg.update(intermediate_size=256, num_hidden_layers=max(3, cfg["num_hidden_layers"]))
@@ -208,7 +210,7 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     writer.add_name(f"tiny-{case}")
     writer.add_file_type(_FILE_TYPE[quant])
     _hyper(writer, arch, cfg, vocab)
-    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})}, chat_template)
+    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})}, template)
     folder_weights: dict[str, mx.array] = {}
     for name, w in sorted(params.items()):
         if name.endswith("norm.weight"):
@@ -242,7 +244,7 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     tok = Tokenizer.from_gguf_metadata({**tokenizer_md, "general.name": f"tiny-{case}"})
     tok.hf_tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": chat_template,
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
         "bos_token": tok.id_to_token(int(_value(tokenizer_md["tokenizer.ggml.bos_token_id"]))),
         "eos_token": tok.id_to_token(int(_value(tokenizer_md["tokenizer.ggml.eos_token_id"]))),
         "add_bos_token": False}))  # fmt: skip
