@@ -55,14 +55,6 @@ CORS_EXPOSE = "retry-after, x-kiln-generation-id, x-neocloud-generation-id"
 CORS_MAX_AGE = "600"
 
 
-def split_list(value: str | None) -> tuple[str, ...] | None:
-    """A comma list from a flag, lower-cased and without blanks; None when unset or empty."""
-    if value is None:
-        return None
-    items = tuple(part.strip().lower().rstrip("/") for part in value.split(",") if part.strip())
-    return items or None
-
-
 def is_loopback_name(host: str) -> bool:
     """True for localhost and loopback IP literals (127.0.0.0/8, ::1), brackets allowed."""
     host = host.strip().strip("[]").rstrip(".").lower()

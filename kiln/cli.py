@@ -5,28 +5,21 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import replace
+from typing import Any
 
 import click
 
-from kiln.gateway.cli import hosted_options, hosted_settings
-from kiln.gateway.store.options import store_args, store_options, store_settings
+from kiln.gateway.cli import checked
+from kiln.gateway.settings import Settings
+from kiln.protocol.logs import configure
+from kiln.protocol.settings_fields import child_env, env_names, from_options, settings_options, to_argv
+from kiln.worker.settings import WorkerSettings
 
 from .admin import keys, orgs
 from .codex_config import codex_config
 from .models_cli import models
-from kiln.protocol.logs import configure
-
-# Hosted settings reach the gateway child as environment variables (not argv, where a database
-# password or the admin token would show in `ps`).
-_HOSTED_ENV = {
-    "auth": "KILN_AUTH",
-    "database_url": "KILN_DATABASE_URL",
-    "catalog_path": "KILN_CATALOG",
-    "redis_url": "KILN_REDIS_URL",
-    "redis_namespace": "KILN_REDIS_NAMESPACE",
-    "admin_token": "KILN_ADMIN_TOKEN",
-    "allow_public_no_auth": "KILN_ALLOW_PUBLIC_NO_AUTH",
-}
+from .settings import DECIDED_FLAGS, ServeSettings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -35,72 +28,65 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, envvar="KILN_HOST", help="HTTP address to listen on.")
-@click.option("--port", default=8080, show_default=True, type=int, envvar="KILN_PORT", help="HTTP port.")
-@click.option("--model", default=None, envvar="KILN_MODEL", help="GGUF file or mlx-lm folder. Default: the bundled SmolLM2-135M-Instruct.")
-@click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name for the model (repeatable).")
-@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False), envvar="KILN_CONFIG", help="A kiln.toml with [[models]] tables: several models, each with its own workers (replaces --model, --model-alias and --workers).")
-@click.option("--workers", default=1, show_default=True, type=int, envvar="KILN_WORKERS", help="Worker processes to start (each loads the model).")
-@click.option("--workers-bind", default=None, envvar="KILN_WORKERS_BIND", help="ZeroMQ address between gateway and workers. Default: a private ipc:// socket of this server, so several servers on one machine never collide.")
-@click.option("--engine", type=click.Choice(["mlx", "scripted"]), default="mlx", show_default=True, envvar="KILN_ENGINE", help="scripted: weightless engine for tests and overhead benchmarks.")
-@click.option("--hosted-tools", type=click.Choice(["reject", "drop"]), default="reject", show_default=True, envvar="KILN_HOSTED_TOOLS", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
-@click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
-@store_options
-@hosted_options
-def serve(host: str, port: int, model: str | None, model_alias: tuple[str, ...], config_path: str | None, workers: int, workers_bind: str | None, engine: str, hosted_tools: str, log_level: str, **hosted_opts) -> None:
+@settings_options(ServeSettings, Settings, WorkerSettings, exclude=DECIDED_FLAGS)
+def serve(**options: Any) -> None:
     """Start a gateway and WORKERS workers; restart workers that die; stop all on Ctrl-C.
 
-    Every other gateway and worker setting reaches the children through its KILN_... environment
-    variable (see `kiln-gateway --help` and `kiln-worker --help`).
+    Takes every kiln-gateway and kiln-worker setting (flag or KILN_... variable) and hands it to the
+    children: on their command line, secrets in their environment (never argv, which `ps` shows).
     """
-    from .supervisor import build
+    from kiln.protocol.security import SecretError, generate_secret, load_secret
 
-    configure(log_level)
-    models = None
-    if config_path:
-        from .config import ConfigError, load_config
+    from .supervisor import build, health_url
 
-        if model or model_alias:
+    own = from_options(ServeSettings, options)
+    configure(options["log_level"])
+    worker = from_options(WorkerSettings, options)
+    count = own.workers
+    served = None
+    if own.config_path:
+        from kiln.protocol.model_config import ConfigError, load_config
+
+        if worker.model or worker.model_alias:
             raise click.UsageError("--config names the models: drop --model/--model-alias")
         try:
-            config = load_config(config_path)
+            served = load_config(own.config_path).models
         except ConfigError as exc:
             raise click.UsageError(str(exc))
-        models = [(m.id.replace("/", "_"), m.worker_args(), m.workers) for m in config.models]
-        workers = sum(m.workers for m in config.models)
-    store_opts = {k: hosted_opts.pop(k) for k in list(hosted_opts) if k == "store_mode" or k.startswith(("responses_", "conversation_"))}
-    store_settings(dict(store_opts))  # validates (e.g. the ephemeral TTL) before anything starts
-    for name, value in hosted_settings(host, hosted_opts).items():
-        if name == "catalog_path" and value:
-            value = os.path.abspath(value)
-        if value in (None, False):
-            os.environ.pop(_HOSTED_ENV[name], None)
-        else:
-            os.environ[_HOSTED_ENV[name]] = "1" if value is True else str(value)
-    # The token file was read above; the gateway gets the token alone (KILN_ADMIN_TOKEN), not both.
-    os.environ.pop("KILN_ADMIN_TOKEN_FILE", None)
-    runtime = None
-    if workers_bind is None:
-        runtime = private_runtime_dir()
-        workers_bind = f"ipc://{runtime}/workers.sock"
-    gateway_args = ["--host", host, "--port", str(port), "--workers-bind", workers_bind, "--hosted-tools", hosted_tools, "--log-level", log_level, *store_args(store_opts)]
-    # Gateway and workers authenticate each other with a secret of their own (by environment, not
-    # argv, where `ps` shows it), unless the user set one, e.g. for workers on other hosts.
-    from kiln.protocol.security import generate_secret, secret_from_env
-
-    if not secret_from_env():
-        os.environ["KILN_WORKER_SECRET"] = generate_secret()
-    # Workers share the cores: each gets its share of BLAS threads unless the user chose.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, workers))))
-    worker_args = ["--gateway", workers_bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"), "--engine", engine, "--log-level", log_level]
-    if model:
-        worker_args += ["--model", model]
-    for alias in model_alias:
-        worker_args += ["--model-alias", alias]
-    # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
-    click.echo(f"kiln: serving on http://{host}:{port}/v1 with {workers} worker(s); Ctrl-C stops")
+        count = sum(m.workers for m in served)
+    # Gateway and workers authenticate each other with a secret of their own, unless the user set
+    # one, e.g. for workers on other hosts.
     try:
-        code = build(gateway_args=gateway_args, worker_args=worker_args, workers=workers, models=models).run()
+        secret = load_secret(options["worker_secret"], options["worker_secret_file"]) or generate_secret()
+    except SecretError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker-secret")
+    secrets = {"worker_secret": secret, "worker_secret_file": None}
+    runtime = None
+    if own.workers_bind is None:
+        runtime = private_runtime_dir()
+    try:
+        bind = own.workers_bind or f"ipc://{runtime}/workers.sock"
+        # Checked whole (hosted settings, files read) before anything starts.
+        gateway = checked(from_options(Settings, {**options, "workers_bind": bind, **secrets}))
+        worker = replace(worker, gateway=(bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"),), **secrets)
+        base = {k: v for k, v in os.environ.items() if k not in env_names([ServeSettings, Settings, WorkerSettings])}
+        worker_env = child_env(worker, base)
+        # Workers share the cores: each gets its share of BLAS threads unless the user chose.
+        worker_env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, count))))
+        on_demand: dict[str, list[tuple[str, list[str]]]] = {}
+        if served is None:
+            workers = [(f"worker-{i}", to_argv(worker)) for i in range(count)]
+        else:
+            # Each model's workers get its settings from the file on their command line (already
+            # checked here), not the file itself, so a restart runs what was checked.
+            specs = {m.id: [(f"worker-{m.id.replace('/', '_')}-{i}", to_argv(replace(worker, config_path=None, **m.worker_settings()))) for i in range(m.workers)] for m in served}
+            workers = [spec for m in served if not m.on_demand for spec in specs[m.id]]
+            on_demand = {m.id: specs[m.id] for m in served if m.on_demand}
+        # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
+        later = f" (+{sum(len(v) for v in on_demand.values())} on demand)" if on_demand else ""
+        click.echo(f"kiln: serving on http://{gateway.host}:{gateway.port}/v1 with {len(workers)} worker(s){later}; Ctrl-C stops")
+        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port), on_demand=on_demand)
+        code = supervisor.run()
     finally:
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)

@@ -23,7 +23,9 @@ import sys
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
+
+from .settings_fields import setting
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -33,6 +35,13 @@ REPEAT_WINDOW_S = 60.0
 _REPEAT_KEYS = 256  # distinct failures remembered for the repeat window
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+def log_level_setting() -> Any:
+    """The ``--log-level`` field every Kiln command declares (one default, one help)."""
+    return setting("warning", help="Log level; warning keeps a healthy server quiet.")
 
 
 def _clip(text: str, limit: int) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,9 +131,3 @@ def is_local_endpoint(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def secret_from_env(environ: dict[str, str] | None = None) -> bool:
-    """Whether the environment already names a worker secret (then `kiln serve` keeps it)."""
-    env = os.environ if environ is None else environ
-    return bool(env.get("KILN_WORKER_SECRET") or env.get("KILN_WORKER_SECRET_FILE"))

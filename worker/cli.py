@@ -1,4 +1,4 @@
-"""``kiln-worker``: load one model and serve it to a gateway over ZeroMQ."""
+"""``kiln-worker``: load one model and serve it to one or more gateways over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -6,53 +6,52 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import replace
+from typing import Any
 
 import click
 
-from kiln.protocol.logs import configure
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
+from kiln.protocol.logs import configure
+from kiln.protocol.settings_fields import from_options, settings_options
+
+from .settings import WorkerSettings
 
 log = logging.getLogger("kiln.worker")
 
 
+def gateway_list(addresses: tuple[str, ...], *, discovering: bool = False) -> tuple[str, ...]:
+    """The gateways to serve (``--gateway`` values, comma lists already split), in order, each
+    once. None given: the default address, unless the gateways are discovered (then only those)."""
+    unique = tuple(dict.fromkeys(addresses))
+    if not unique and not discovering:
+        return (DEFAULT_WORKERS_ADDRESS,)
+    return unique
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--gateway", default=DEFAULT_WORKERS_ADDRESS, show_default=True, envvar="KILN_GATEWAY", help="ZeroMQ address of the gateway's worker socket.")
-@click.option("--model", default=None, envvar="KILN_MODEL", help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
-@click.option("--model-id", default=None, envvar="KILN_MODEL_ID", help="The id to serve the model under (default: from its file, folder or hub id).")
-@click.option("--context-length", default=None, type=int, envvar="KILN_CONTEXT_LENGTH", help="Serve at most this many tokens of context (default: the model's trained window).")
-@click.option("--model-alias", multiple=True, envvar="KILN_MODEL_ALIAS", help="Another name clients may use for the model (repeatable).")
-@click.option("--weights", type=click.Choice(["auto", "native", "float32", "float16", "bfloat16"]), default="auto", show_default=True, envvar="KILN_WEIGHTS", help="Weight layout. auto: dequantized on the CPU, the model's own quantization on Metal/CUDA.")
-@click.option("--weight-layout", type=click.Choice(["auto", "stock", "input-major"]), default="auto", show_default=True, envvar="KILN_WEIGHT_LAYOUT", help="CPU only: how dense weights are stored for matmuls. auto measures both at start-up and keeps the faster.")
-@click.option("--max-batch", default=8, show_default=True, type=int, envvar="KILN_MAX_BATCH", help="Requests decoded together.")
-@click.option("--queue-depth", default=64, show_default=True, type=int, envvar="KILN_QUEUE_DEPTH", help="Requests that may wait for a batch slot; more get 503.")
-@click.option("--prefill-chunk", default=512, show_default=True, type=int, envvar="KILN_PREFILL_CHUNK", help="Prompt tokens processed per scheduler step.")
-@click.option("--cache-bytes", default=1 << 30, show_default=True, type=int, envvar="KILN_CACHE_BYTES", help="Byte budget of the prefix (prompt) cache; 0 turns it off.")
-@click.option("--tool-parser", default=None, envvar="KILN_TOOL_PARSER", help="Tool-call format (hermes, mistral, llama3, qwen3_coder, pythonic, ...). Default: chosen from the chat template.")
-@click.option("--max-output-tokens", default=4096, show_default=True, type=int, envvar="KILN_MAX_OUTPUT_TOKENS", help="Output cap when a request sets none.")
-@click.option("--engine", type=click.Choice(["mlx", "scripted"]), default="mlx", show_default=True, envvar="KILN_ENGINE", help="scripted: a weightless engine for protocol tests and overhead benchmarks.")
-@click.option("--scripted-reply", default="Hello from Kiln's scripted engine.", envvar="KILN_SCRIPTED_REPLY", help="Reply text of the scripted engine.")
-@click.option("--scripted-delay", default=0.0, type=float, envvar="KILN_SCRIPTED_DELAY", help="Seconds per token of the scripted engine.")
-@click.option("--log-level", default="warning", show_default=True, envvar="KILN_LOG_LEVEL", help="debug, info, warning or error.")
-@click.option("--worker-secret", default=None, envvar="KILN_WORKER_SECRET", help="The gateway's worker secret (ZeroMQ CURVE); without the right one the gateway never sees this worker.")
-@click.option("--worker-secret-file", default=None, type=click.Path(dir_okay=False), envvar="KILN_WORKER_SECRET_FILE", help="Read --worker-secret from this file, so it never shows in `ps`.")
-def main(**options) -> None:
-    """Serve one model to a kiln-gateway."""
+@settings_options(WorkerSettings)
+def main(**options: Any) -> None:
+    """Serve one model to one or more kiln-gateways."""
     from kiln.protocol.security import SecretError, load_secret
 
+    settings = from_config(from_options(WorkerSettings, options))
     try:  # checked before the model loads, which takes a while
-        options["worker_secret"] = load_secret(options["worker_secret"], options.pop("worker_secret_file"))
+        secret = load_secret(settings.worker_secret, settings.worker_secret_file)
     except SecretError as exc:
         raise click.BadParameter(str(exc), param_hint="--worker-secret")
-    if options["engine"] == "mlx":
+    gateways = gateway_list(settings.gateway, discovering=settings.discover_redis is not None)
+    settings = replace(settings, gateway=gateways, worker_secret=secret, worker_secret_file=None)
+    if settings.engine == "mlx":
         # Before mlx is imported: on Linux CPUs re-exec with OpenBLAS preloaded (see blas.py).
         from .loading.blas import reexec_with_openblas
 
         reexec_with_openblas(sys.argv)
-    configure(options["log_level"])
+    configure(settings.log_level)
     from .loading import ModelNotFoundError, UnsupportedModelError
 
     try:
-        server = build_server(options)
+        server = build_server(settings)
     except (ModelNotFoundError, UnsupportedModelError) as exc:
         # The user named a model we cannot serve: say why in one line, no traceback.
         log.critical("cannot load model: %s", exc)
@@ -66,39 +65,67 @@ def main(**options) -> None:
         server.service.scheduler.stop()
 
 
+def from_config(settings: WorkerSettings) -> WorkerSettings:
+    """With ``--config``, the settings of the model ``--model-id`` names in that file (its source,
+    aliases, window, batch, cache and tool parser) over the rest, as ``kiln serve --config`` gives
+    them to that model's workers: one file for every process of a deployment."""
+    if settings.config_path is None:
+        return settings
+    from kiln.protocol.model_config import ConfigError, load_config
+
+    if settings.model or settings.model_alias:
+        raise click.UsageError("--config names the model's source and aliases: drop --model/--model-alias")
+    if not settings.model_id:
+        raise click.UsageError("--config needs --model-id: the id of the [[models]] entry this worker serves")
+    try:
+        model = load_config(settings.config_path).model(settings.model_id)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config")
+    return replace(settings, config_path=None, **model.worker_settings())
+
+
 _LAYOUTS = {"auto": None, "stock": False, "input-major": True}
 
 
-def build_server(options: dict):
+def build_server(settings: WorkerSettings):
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
 
-    if options["engine"] == "scripted":
+    from .capabilities import describe
+    from .setup import Constraints, model_extras
+
+    if settings.engine == "scripted":
         from .scripted import ByteTokenizer, ScriptedScheduler
 
+        time.sleep(settings.scripted_load_delay)  # a slow load, for tests of bounded waits
         tokenizer = ByteTokenizer()
-        scheduler = ScriptedScheduler(options["scripted_reply"], delay_s=options["scripted_delay"], capacity=options["max_batch"], queue_depth=options["queue_depth"])
-        from .setup import model_extras
-
-        model_id, aliases, window = "kiln-scripted", list(options["model_alias"]), 8192
-        extras = model_extras(tokenizer, options)
+        scheduler = ScriptedScheduler(settings.scripted_reply, delay_s=settings.scripted_delay, capacity=settings.max_batch, queue_depth=settings.queue_depth)
+        model_id = settings.model_id or "kiln-scripted"
+        aliases, window = list(settings.model_alias), settings.context_length or 8192
+        constraints = Constraints(tokenizer)
     else:
         from .engine.scheduler import Scheduler
         from .loading import load_model
-        from .setup import model_extras
 
         started = time.monotonic()
-        loaded = load_model(options["model"], weights=options["weights"])
+        loaded = load_model(settings.model, weights=settings.weights)
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
-        scheduler = Scheduler(loaded.model, max_batch=options["max_batch"], queue_depth=options["queue_depth"], prefill_chunk=options["prefill_chunk"], cache_bytes=options["cache_bytes"], input_major_weights=_LAYOUTS[options["weight_layout"]])
-        model_id = options.get("model_id") or loaded.model_id
-        aliases = sorted(set(loaded.aliases) | set(options["model_alias"]) | {loaded.model_id, model_id})
+        constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
+        scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout])
+        model_id = settings.model_id or loaded.model_id
+        aliases = sorted(set(loaded.aliases) | set(settings.model_alias) | {loaded.model_id, model_id})
         window = loaded.context_window
-        if options.get("context_length"):
-            window = min(window, options["context_length"])
-        extras = model_extras(tokenizer, options)
+        if settings.context_length:
+            window = min(window, settings.context_length)
+    extras = model_extras(tokenizer, settings.tool_parser, constraints)
     scheduler.start()
-    config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=options["max_output_tokens"])
+    config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
-    return WorkerServer(options["gateway"], service, model_id=model_id, aliases=aliases, context_window=window, capacity=options["max_batch"], queue_depth=options["queue_depth"], secret=options.get("worker_secret"))
+    discovery = None
+    if settings.discover_redis:
+        from .discovery import RedisDiscovery
+
+        discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
+    features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery)

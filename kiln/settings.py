@@ -1,0 +1,24 @@
+"""``kiln serve``'s own settings: what it decides for its children rather than forwards.
+
+Every other ``kiln serve`` flag is a gateway or worker setting (``gateway/settings.py``,
+``worker/settings.py``), taken as those daemons take it and handed on to them mechanically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln.protocol.settings_fields import setting
+
+# Flags kiln serve sets itself: the workers connect to the gateway it started (and only to it:
+# they discover no others), and the gateway asks it for on-demand models over the control socket
+# it opens (protocol/control.py).
+DECIDED_FLAGS = ("--gateway", "--discover-redis", "--supervisor-fd")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    config_path: str | None = setting(None, flag="--config", file=True, help="A kiln.toml with [[models]] tables: several models, each with its own workers (replaces --model, --model-alias and --workers).")
+    workers: int = setting(1, min=1, help="Worker processes to start (each loads the model).")
+    # Declared here, ahead of the gateway's own --workers-bind, because the default differs.
+    workers_bind: str | None = setting(None, help="ZeroMQ address between gateway and workers. Default: a private ipc:// socket of this server, so several servers on one machine never collide.")
