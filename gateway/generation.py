@@ -12,7 +12,10 @@ from kiln.protocol.usage import Usage
 
 from .errors import ApiError
 from .response_object import ResponseObject
-from .workers import Channel, NoWorker, WorkerPool, routing_key
+from .workers import Channel, NoWorker, WorkerHandle, WorkerPool, routing_key
+
+# The code of a worker's refusal when its batch and queue are full (or its preparation queue).
+OVERLOADED = "server_is_overloaded"
 
 
 class GenerationFailed(Exception):
@@ -68,6 +71,9 @@ class Generation:
         # the response fails (a hung worker must never hold a client or its slots forever).
         self.first_event_timeout_s: float | None = None
         self.event_timeout_s: float | None = None
+        # Workers that refused this request as full (their view of capacity is current, ours lags
+        # a heartbeat behind when other gateway replicas share them): it is not sent there again.
+        self.refused_by: set[bytes] = set()
 
     async def open(self) -> None:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
@@ -78,6 +84,9 @@ class Generation:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
             raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
+        await self._send_to(worker)
+
+    async def _send_to(self, worker: WorkerHandle) -> None:
         req_id = uuid.uuid4().hex
         message = Generate(req_id=req_id, response_id=self.response.id, body={**self.body, "input": self.wire_input})
         self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.body.get("max_output_tokens")))
@@ -109,6 +118,7 @@ class Generation:
             return
         assert self.channel is not None, "open() first"
         timeout = self.first_event_timeout_s
+        started = False  # whether the worker has sent an event (a refusal can only come before)
         try:
             while True:
                 try:
@@ -122,6 +132,7 @@ class Generation:
                     self.response.cancel()
                     return
                 if isinstance(message, Event):
+                    started = True
                     running = getattr(message, "usage", None)
                     if isinstance(running, dict):
                         self.delivered_usage = Usage.from_map(running)
@@ -133,10 +144,28 @@ class Generation:
                         self.timer.metrics.observe_usage(self.response.data["usage"])
                     return
                 elif isinstance(message, Failed):
+                    if message.code == OVERLOADED and not started and await self._reroute():
+                        timeout = self.first_event_timeout_s
+                        continue
                     self.response.fail(message.code, message.message)
                     raise GenerationFailed(message.http_status, message.code, message.message, message.param)
         finally:
             self.pool.close(self.channel, cancel=not self.channel.finished)
+
+    async def _reroute(self) -> bool:
+        """After the worker refused the request as full: send it to another worker of the model
+        that has room by our count, if there is one (True), else leave the refusal to the client."""
+        assert self.channel is not None
+        self.refused_by.add(self.channel.worker.identity)
+        self.pool.close(self.channel, cancel=False)
+        try:
+            worker = self.pool.pick(self.model, routing_key(self.body), exclude=self.refused_by)
+        except NoWorker:
+            return False
+        if worker.overloaded():
+            return False
+        await self._send_to(worker)
+        return True
 
     def _apply(self, event: dict[str, Any]) -> dict[str, Any]:
         """One worker event, placed after any prefix items and folded into the response."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ApiError, invalid
-from .store.background import JobRegistry
-from .store.conversations import ConversationStore
-from .store.responses import ResponseStore
+from .store.protocols import ConversationStore, JobBoard, ResponseStore
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -23,16 +21,17 @@ def conversation_id(value: Any) -> str | None:
     return cid
 
 
-def previous_history(previous_id: str, store: ResponseStore, jobs: JobRegistry, owner: Any = None) -> list[dict]:
+async def previous_history(previous_id: str, store: ResponseStore, jobs: JobBoard, owner: Any = None) -> list[dict]:
     """The stored response's input and output, as items to render before the new input.
 
     Instructions are not carried: each request states its own.
     """
-    job = jobs.get(previous_id)
-    if job is not None and job.extra.get("owner") == owner:
-        raise invalid(f"previous response '{previous_id}' has not finished (status: {job.response.status})", param="previous_response_id")
-    stored = store.get(previous_id)
-    if stored is None or not stored.chainable or stored.extra.get("owner") != owner:
+    stored = await store.get(previous_id)
+    if stored is None:
+        job = await jobs.get(previous_id)  # a job's final object is stored when it ends
+        if job is not None and job.owner == owner:
+            raise invalid(f"previous response '{previous_id}' has not finished (status: {job.view.get('status')})", param="previous_response_id")
+    if stored is None or not stored.chainable or stored.owner != owner:
         raise invalid(f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code="previous_response_not_found")
     status = stored.response.get("status")
     if status not in TERMINAL:
@@ -58,7 +57,7 @@ def conversation_key(conv: str, owner: Any) -> str:
     return conv if owner is None else f"{owner}:{conv}"
 
 
-def expand(body: dict, *, store: ResponseStore | None, jobs: JobRegistry, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict]:
+async def expand(body: dict, *, store: ResponseStore | None, jobs: JobBoard, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict]:
     """History items for ``body`` (not including its own input)."""
     previous = body.get("previous_response_id")
     conv = conversation_id(body.get("conversation"))
@@ -74,9 +73,9 @@ def expand(body: dict, *, store: ResponseStore | None, jobs: JobRegistry, conver
             )
         if store is None or not store.enabled:
             raise invalid("'previous_response_id' needs the response store, which is disabled on this server.", param="previous_response_id")
-        return previous_history(previous, store, jobs, owner)
+        return await previous_history(previous, store, jobs, owner)
     if conv is not None:
         if not conversations.enabled:
             raise invalid("'conversation' needs the conversation store, which is disabled on this server.", param="conversation")
-        return conversations.transcript(conversation_key(conv, owner))
+        return await conversations.transcript(conversation_key(conv, owner))
     return []

@@ -6,6 +6,8 @@ failed, cancelled, client gone -- does the same things once, in the same order:
 
 1. stores the response (when ``store`` is on) and forgets it as in flight, so ``cancel`` no longer
    reaches it and its worker channel is closed (the worker is told to stop if it had not finished);
+   a response the store could not keep ends ``failed`` (``refusal`` holds the 503 for a door that
+   has not answered yet);
 2. settles the admission ticket with what the client received: the final usage, or for a cut
    stream or a cancel the usage of the events delivered so far, plus any compaction done for it;
 3. closes the ticket, which releases the organization's concurrency slot.
@@ -26,6 +28,7 @@ import anyio
 from kiln.protocol.usage import Usage
 
 from .admission import Ticket
+from .errors import ApiError
 from .generation import Generation
 
 if TYPE_CHECKING:
@@ -59,6 +62,9 @@ class ResponseRun:
         self.streaming = streaming
         self._finished = False
         self._cost: Decimal | None = None
+        # Set when the finished response could not be stored (the store is down): a door that has
+        # not answered yet answers with it (a streamed response ends with ``response.failed``).
+        self.refusal: ApiError | None = None
 
     @property
     def response(self) -> Any:
@@ -96,7 +102,7 @@ class ResponseRun:
                 if client_gone and response.status not in ("completed", "incomplete", "failed", "cancelled"):
                     response.cancel()
                     generation.close()
-                self.service.finish_foreground(generation, self.own_input)
+                self.refusal = await self.service.finish_foreground(generation, self.own_input)
                 generation.close()
                 usage = self.billable_usage(client_gone=client_gone)
                 delivered = usage.output_tokens > 0

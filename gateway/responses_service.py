@@ -2,7 +2,10 @@
 
 Routes stay thin HTTP adapters; this class owns the state that spans requests — the response
 store, conversation transcripts, background jobs and the registry of in-flight responses that
-``cancel`` can reach.
+``cancel`` can reach. The stores are the Protocols of ``store/protocols.py`` (``store/backend.py``
+builds them), so nothing here depends on whether they live in this process or in Redis shared by
+several replicas; what differs across replicas is only *where* a job or an in-flight response
+runs, which ``jobs.get`` / ``live.get`` tell and ``cancel_elsewhere`` reaches.
 """
 
 from __future__ import annotations
@@ -23,13 +26,12 @@ from .response_object import ResponseObject, new_response_id, zero_usage
 from .metrics import GenerationTimer
 from .sealing import SealError, Sealer
 from .settings import Settings
-from .store.background import Job, JobRegistry
-from .store.conversations import ConversationStore, as_input_item
-from .store.events import EventBuffers
-from .store.items import ItemIndex
+from .store.backend import build_stores
+from .store.background import Job, job_view
+from .store.conversations import as_input_item
 from .store.lru import approx_bytes
-from .store.reasoning_echo import ReasoningEchoStore
-from .store.responses import ResponseStore, StoredResponse
+from .store.protocols import JobState, ResponseStore, StoreUnavailable
+from .store.responses import StoredResponse
 from .validation import check_for_model
 from .workers import NoWorker, WorkerPool, routing_key
 
@@ -63,25 +65,46 @@ class ResponsesService:
     def __init__(self, settings: Settings, pool: WorkerPool) -> None:
         self.settings = settings
         self.pool = pool
-        self.store: ResponseStore | None = None
-        if settings.store_mode != "none":
-            self.store = ResponseStore(
-                settings.responses_store_max_entries,
-                settings.responses_store_max_bytes,
-                settings.responses_store_ttl_secs,
-                settings.responses_background_ephemeral_ttl_secs,
-            )
-        self.conversations = ConversationStore(settings.conversation_store_max_entries, settings.conversation_store_max_bytes, settings.conversation_store_ttl_secs)
-        self.jobs = JobRegistry(settings.responses_background_max_jobs, settings.responses_store_max_bytes)
-        self.inflight: dict[str, Generation] = {}
+        self.stores = build_stores(settings)
+        self.store: ResponseStore | None = self.stores.responses
+        self.conversations = self.stores.conversations
+        self.jobs = self.stores.jobs
+        self.reasoning_echo = self.stores.reasoning_echo
+        self.items = self.stores.items  # item id -> the stored response or conversation holding it
+        self.event_buffers = self.stores.events  # numbered events, for stream=true GETs
+        self.live = self.stores.live  # foreground responses in flight on other replicas
+        self.inflight: dict[str, Generation] = {}  # foreground responses in flight here
         self.sealer = Sealer(settings.secret_key)
-        self.reasoning_echo = ReasoningEchoStore(settings.reasoning_echo_max_bytes)
-        self.items = ItemIndex()  # item id -> the stored response or conversation holding it
-        self.event_buffers = EventBuffers()  # background jobs' numbered events, for stream=true GETs
         self.metrics: Any = None  # set by the app when /metrics is mounted
 
+    async def open(self) -> None:
+        """Start what the stores run beside requests (Redis: leases, sweeper, cancel listener)."""
+        await self.stores.open(self._cancel_here)
+
+    async def close(self) -> None:
+        """Shutting down: this replica's jobs end ``failed`` now (stored, so that a poll on
+        another replica sees it at once rather than after the lease), then the stores close."""
+        jobs = list(self.jobs.active.values())
+        for job in jobs:
+            job.extra["shutdown"] = True
+            job.generation.cancel()
+            if job.task is not None:
+                job.task.cancel()
+        await asyncio.gather(*(job.task for job in jobs if job.task is not None), return_exceptions=True)
+        await self.stores.close()
+
+    async def stats(self) -> dict[str, Any]:
+        """What /health shows of the stores."""
+        stats: dict[str, Any] = {"backend": self.stores.mode}
+        try:
+            stats["responses"] = await self.store.stats() if self.store is not None else None
+        except StoreUnavailable:
+            stats["responses"] = {"available": False}
+        stats["background"] = await self.jobs.stats()
+        return stats
+
     # -- create ----------------------------------------------------------------------------------
-    def prepare(self, body: dict, owner: Any = None, *, history: list[dict] | None = None) -> tuple[Generation, list[dict]]:
+    async def prepare(self, body: dict, owner: Any = None, *, history: list[dict] | None = None) -> tuple[Generation, list[dict]]:
         """Resolve the model and history; everything that can refuse the request happens here.
 
         ``history``: what ``previous_response_id`` names, already resolved by the door (a
@@ -91,10 +114,10 @@ class ResponsesService:
         check_for_model(body, self.pool.context_window(model))
         if body["background"]:
             self._check_background_allowed()
-        own_input = _with_ids(self.unseal_items(self.resolve_references(body["input"], owner)))
+        own_input = _with_ids(self.unseal_items(await self.resolve_references(body["input"], owner)))
         if history is None:
-            history = expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
-        body["input"] = self.reasoning_echo.restore(history + own_input, owner)
+            history = await expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
+        body["input"] = await self.reasoning_echo.restore(history + own_input, owner)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         threshold = compaction.compaction_settings(body)
@@ -110,7 +133,7 @@ class ResponsesService:
         return generation, own_input
 
     # -- item references -------------------------------------------------------------------------
-    def resolve_references(self, items: list[dict], owner: Any = None) -> list[dict]:
+    async def resolve_references(self, items: list[dict], owner: Any = None) -> list[dict]:
         """``item_reference`` items replaced by the items they name: input or output items of the
         owner's stored responses, or items of the owner's conversations. An id that names
         nothing the owner may see is a 400 naming it (never silently dropped)."""
@@ -124,24 +147,24 @@ class ResponsesService:
             item_id = item.get("id")
             if not isinstance(item_id, str) or not item_id:
                 raise invalid(f"Missing or invalid 'input[{i}].id': an item_reference names a stored item by id.", param=f"input[{i}].id")
-            found = self._find_item(item_id, owner)
+            found = await self._find_item(item_id, owner)
             if found is None:
                 raise invalid(f"Item with id '{item_id}' not found.", param=f"input[{i}].id", code="item_not_found")
             out.append(as_input_item(found))
         return out
 
-    def _find_item(self, item_id: str, owner: Any) -> dict | None:
-        where = self.items.lookup(owner, item_id)
+    async def _find_item(self, item_id: str, owner: Any) -> dict | None:
+        where = await self.items.lookup(owner, item_id)
         if where is None:
             return None
         kind, key = where
         if kind == "response":
-            stored = self.store.get(key) if self.store is not None else None
+            stored = await self.store.get(key) if self.store is not None else None
             if stored is None or stored.ephemeral or stored.extra.get("owner") != owner:
                 return None
             pool = list(stored.input_items) + list(stored.response.get("output") or [])
         else:
-            conv = self.conversations.get(key)
+            conv = await self.conversations.get(key)
             if conv is None:
                 return None
             pool = conv.items
@@ -226,75 +249,126 @@ class ResponsesService:
 
     async def start_foreground(self, generation: Generation) -> None:
         generation.timer = GenerationTimer(self.metrics)
-        await self.compaction_phase(generation)
-        await generation.open()
-        self.inflight[generation.response.id] = generation
+        rid = generation.response.id
+        # Registered before any worker is asked (compaction included), so that a cancel on another
+        # replica reaches it; a stored response refuses to start when the store is down (it could
+        # not be kept).
+        await self.live.add(rid, generation.owner, generation.response.snapshot(), required=self._stores(generation))
+        try:
+            await self.compaction_phase(generation)
+            await generation.open()
+        except BaseException:
+            await self.live.discard(rid)
+            raise
+        self.inflight[rid] = generation
 
-    def finish_foreground(self, generation: Generation, own_input: list[dict]) -> None:
-        self.inflight.pop(generation.response.id, None)
-        self._persist(generation.response, generation.body, own_input, owner=generation.owner)
-        if generation.response.status in TERMINAL:
-            self.event_buffers.finish(generation.response.id, terminal_event(generation.response))
+    def _stores(self, generation: Generation) -> bool:
+        return self.store is not None and self.store.enabled and bool(generation.body.get("store", True))
+
+    async def finish_foreground(self, generation: Generation, own_input: list[dict]) -> ApiError | None:
+        """Store the finished response and forget it as in flight. When the store could not
+        keep it, the response is marked failed and the refusal returned for a door that has not
+        answered yet (a streamed one ends with ``response.failed``)."""
+        response = generation.response
+        self.inflight.pop(response.id, None)
+        await self.live.discard(response.id)
+        refusal: ApiError | None = None
+        try:
+            await self._persist(response, generation.body, own_input, owner=generation.owner)
+        except StoreUnavailable as error:
+            refusal = error
+            if response.status in ("completed", "incomplete"):
+                response.fail("server_error", "The response could not be stored: the response store is unavailable.")
+        if refusal is not None:
+            await self.event_buffers.discard(response.id)  # the store is away: do not wait on it
+        elif response.status in TERMINAL:
+            await self.event_buffers.finish(response.id, terminal_event(response))
+        return refusal
 
     def stream_recorder(self, generation: Generation) -> Callable[[dict], None] | None:
         """Where a stored foreground stream records its numbered events, so that streamed
         retrieval can follow it while it runs; None when it is not stored."""
-        if self.store is None or not self.store.enabled or not generation.body.get("store", True):
+        if not self._stores(generation):
             return None
         return self.event_buffers.open(generation.response.id).keep
 
-    def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, background: bool = False, owner: Any = None) -> None:
+    async def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, job: Job | None = None, owner: Any = None) -> None:
+        """Remember the reasoning, append the turn to its conversation, store the response (for a
+        job: store its final object and end the job, in one step).
+
+        Raises StoreUnavailable when the store is down; a job is ended anyway (failed, if its
+        conversation could not take the turn), so it is never left running."""
+        background = job is not None
         snapshot = response.snapshot()
         if snapshot.get("usage") is None:
             snapshot["usage"] = zero_usage()
-        self.reasoning_echo.remember(snapshot["output"], owner)
+        await self.reasoning_echo.remember(snapshot["output"], owner)
         if response.status in ("completed", "incomplete") and snapshot["output"]:
-            conv = conversation_id(body.get("conversation"))
-            if conv is not None:
-                key = conversation_key(conv, owner)
-                output = [_strip_status(i) for i in snapshot["output"]]
-                if output and output[0].get("type") == "compaction":
-                    # Auto-compaction rewrote the history: the transcript becomes the compacted one.
-                    self.conversations.replace(key, body["input"] + output[1:], conversation_id=conv)
-                else:
-                    self.conversations.append(key, own_input + output, conversation_id=conv)
-                held = self.conversations.get(key)
-                if held is not None:
-                    self.items.add(owner, held.items, ("conversation", key))
+            try:
+                await self._append_turn(body, own_input, snapshot["output"], owner)
+            except StoreUnavailable:
+                if not background:
+                    raise
+                response.fail("server_error", "The response could not be appended to its conversation: the conversation store is unavailable.")
+                snapshot = dict(response.snapshot(), output=[])
         if self.store is None:
             return
         ephemeral = background and not body.get("store", True)
         if not body.get("store", True) and not ephemeral:
             return
         stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
-        kept = self.store.put(stored)
-        if kept and not ephemeral:
-            self.items.add(owner, list(stored.input_items) + list(snapshot["output"]), ("response", snapshot["id"]))
-        if not kept and background:
+        if background and self.store.size_of(stored) > self.store.max_bytes:
             # Too large for the budget: keep a failed stub so that a poll still gets an answer.
             stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
-            self.store.put(StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner}))
+            stored = StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner})
+        kept = await self.jobs.finish(job, stored) if job is not None else await self.store.put(stored)
+        if kept and not ephemeral and stored.response is snapshot:
+            await self.index_items(owner, list(stored.input_items) + list(snapshot["output"]), ("response", snapshot["id"]))
+
+    async def _append_turn(self, body: dict, own_input: list[dict], output: list[dict], owner: Any) -> None:
+        conv = conversation_id(body.get("conversation"))
+        if conv is None:
+            return
+        key = conversation_key(conv, owner)
+        output = [_strip_status(i) for i in output]
+        if output and output[0].get("type") == "compaction":
+            # Auto-compaction rewrote the history: the transcript becomes the compacted one.
+            added = await self.conversations.replace(key, body["input"] + output[1:], conversation_id=conv)
+        else:
+            added = await self.conversations.add_items(key, own_input + output, conversation_id=conv)
+        await self.index_items(owner, added, ("conversation", key))
+
+    async def index_items(self, owner: Any, items: list[dict], holder: tuple[str, str]) -> None:
+        """Index stored items for ``item_reference``; best effort (the holder is stored already,
+        an item left out is only unreferenceable by id)."""
+        try:
+            await self.items.add(owner, items, holder)
+        except StoreUnavailable:
+            log.warning("stored items not indexed: the store is unavailable", extra={"holder": holder[0]})
 
     # -- background ------------------------------------------------------------------------------
     async def start_background(self, generation: Generation, own_input: list[dict]) -> dict:
         response = generation.response
         response.data["status"] = "queued"
         reserved = approx_bytes(generation.body) + 4 * (generation.body.get("max_output_tokens") or 1024)
-        self.jobs.check(reserved)
+        job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
+        await self.jobs.admit(job)  # 429 past the deployment's job or byte limits (before 503)
         try:
             worker = self.pool.pick(generation.model, routing_key(generation.body))
         except NoWorker:
+            await self.jobs.withdraw(job)
             raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded")
         if worker.overloaded():
+            await self.jobs.withdraw(job)
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
-        job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
-        self.jobs.admit(job)
-        self.event_buffers.open(response.id).record({"type": "response.created", "response": job_view(response)})
+        job.events = self.event_buffers.open(response.id)
+        job.events.record({"type": "response.created", "response": job_view(response)})
+        await job.events.flush()  # readable by streamed retrieval on any replica from now on
         job.task = asyncio.create_task(self._run_job(job), name=f"kiln-job-{response.id}")
         return job_view(response)
 
     async def _run_job(self, job: Job) -> None:
-        response, generation = job.response, job.generation
+        response, generation, events = job.response, job.generation, job.events
         try:
             try:
                 await self.compaction_phase(generation)
@@ -302,35 +376,62 @@ class ResponsesService:
                 # context_management runs inside the job: its failure fails the job.
                 raise GenerationFailed(error.status, "invalid_prompt" if error.status == 400 else (error.code or "server_error"), error.message)
             await generation.open()
-            buffer = self.event_buffers.get(response.id)
             if response.status == "queued":
                 response.data["status"] = "in_progress"
-            if buffer is not None:
-                buffer.record({"type": "response.in_progress", "response": job_view(response)})
+                await self.jobs.update(job, job_view(response))
+            events.record({"type": "response.in_progress", "response": job_view(response)})
             async for event in generation.events():
                 if response.status == "queued":
                     response.data["status"] = "in_progress"
-                if buffer is not None:
-                    buffer.record(event)
+                events.record(event)
         except GenerationFailed as failure:
             response.fail(_JOB_CODES.get(failure.code, "server_error"), failure.message)
         except ApiError as error:
             response.fail("server_overloaded" if error.status == 503 else "server_error", error.message)
         except asyncio.CancelledError:
             generation.cancel()
-            response.cancel()
+            if job.extra.get("shutdown"):
+                response.fail("server_error", "The gateway replica running this background response shut down before it finished.")
+            else:
+                response.cancel()
         except Exception as exc:  # a job must always end terminal
             log.exception("background job failed")
             response.fail("server_error", str(exc))
         finally:
             if response.status not in TERMINAL:
                 response.cancel() if generation.cancelled else response.fail("server_error", "generation ended without a result")
-            self.jobs.release(response.id)
-            self._persist(response, generation.body, job.own_input, background=True, owner=generation.owner)
-            buffer = self.event_buffers.get(response.id)
-            if buffer is not None:
-                buffer.record(terminal_event(response))
-            self.event_buffers.finish(response.id)
+            try:
+                await self._persist(response, generation.body, job.own_input, job=job, owner=generation.owner)
+            except StoreUnavailable:
+                log.error("background response not stored: the store is unavailable", extra={"response_id": response.id})
+            if job.extra.get("taken_over"):
+                await self.event_buffers.discard(response.id)  # the replica that took it ended its stream
+            else:
+                await self.event_buffers.finish(response.id, terminal_event(response))
+
+    async def _cancel_job(self, job: Job) -> None:
+        """Cancel a job this replica runs and wait until its final object is stored."""
+        job.generation.cancel()
+        if job.task is not None:
+            job.task.cancel()
+            try:
+                await job.task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def _cancel_here(self, response_id: str) -> dict | None:
+        """A cancel sent by another replica for a response this one runs: the job's or response's
+        state after cancelling, or None when it does not run here (any more)."""
+        job = self.jobs.active.get(response_id)
+        if job is not None:
+            await self._cancel_job(job)
+            return {"id": response_id, "status": job.response.status}
+        generation = self.inflight.get(response_id)
+        if generation is not None:
+            generation.cancel()
+            generation.response.cancel()
+            return generation.response.snapshot()
+        return None
 
     # -- retrieve / cancel / delete --------------------------------------------------------------
     def _require_store(self) -> ResponseStore:
@@ -340,90 +441,100 @@ class ResponsesService:
             raise invalid("The response store is disabled on this server (--responses-store-max-entries 0).")
         return self.store
 
-    def _lookup(self, response_id: str, owner: Any) -> tuple[Job | None, Generation | None, StoredResponse | None]:
+    async def _lookup(self, response_id: str, owner: Any) -> tuple[JobState | None, Generation | None, StoredResponse | None]:
         """What the id names, as far as ``owner`` may see it (another tenant's ids are unknown)."""
         store = self._require_store()
-        job = self.jobs.get(response_id)
-        if job is not None and job.extra.get("owner") != owner:
-            job = None
         generation = self.inflight.get(response_id)
         if generation is not None and generation.owner != owner:
             generation = None
-        stored = store.get(response_id)
-        if stored is not None and stored.extra.get("owner") != owner:
+        # The stored object first: a job's final object is stored as the job ends (in one step),
+        # so a stored response is never also a running job, and the common read is one round trip.
+        stored = await store.get(response_id)
+        job = await self.jobs.get(response_id) if stored is None else None
+        if job is not None and job.owner != owner:
+            job = None
+        if stored is not None and stored.owner != owner:
             stored = None
         return job, generation, stored
 
-    def get(self, response_id: str, owner: Any = None) -> dict:
-        job, generation, stored = self._lookup(response_id, owner)
+    async def _live_elsewhere(self, response_id: str, owner: Any) -> dict | None:
+        """The opening snapshot of a foreground response another replica runs for ``owner``."""
+        found = await self.live.get(response_id)
+        if found is None or found[0] != owner:
+            return None
+        return found[1]
+
+    async def get(self, response_id: str, owner: Any = None) -> dict:
+        job, generation, stored = await self._lookup(response_id, owner)
         if job is not None:
-            return job_view(job.response)
+            return job.view
         if generation is not None and generation.body.get("store", True):
             return generation.response.snapshot()
-        if stored is None:
-            raise _not_found(response_id)
-        return stored.response
+        if stored is not None:
+            return stored.response
+        live = await self._live_elsewhere(response_id, owner)
+        if live is not None and live.get("store", True):
+            return live  # in progress on another replica: no partial output, as a poll
+        raise _not_found(response_id)
 
-    def event_stream(self, response_id: str, owner: Any = None):
+    async def event_stream(self, response_id: str, owner: Any = None) -> Any:
         """The recorded (and live) events of a response the owner may see; 404 when it has
         none: streamed retrieval covers background jobs and stored foreground streams."""
-        job, generation, stored = self._lookup(response_id, owner)
+        job, generation, stored = await self._lookup(response_id, owner)
         if job is None and generation is None and stored is None:
-            raise _not_found(response_id)
+            live = await self._live_elsewhere(response_id, owner)
+            if live is None or not live.get("store", True):
+                raise _not_found(response_id)
         if generation is not None and not generation.body.get("store", True):
             raise _not_found(response_id)
-        buffer = self.event_buffers.get(response_id)
-        if buffer is None:
+        reader = await self.event_buffers.reader(response_id)
+        if reader is None:
             raise invalid(f"Response '{response_id}' has no events to stream: streamed retrieval covers background responses and streamed stored responses, while their events are kept.", param="stream")
-        return buffer
+        return reader
 
-    def input_items(self, response_id: str, owner: Any = None) -> list[dict]:
-        job, _, stored = self._lookup(response_id, owner)
+    async def input_items(self, response_id: str, owner: Any = None) -> list[dict]:
+        job, _, stored = await self._lookup(response_id, owner)
         if job is not None:
             return job.input_items
         if stored is None:
             raise _not_found(response_id)
         return stored.input_items
 
-    def delete(self, response_id: str, owner: Any = None) -> dict:
-        job, _, stored = self._lookup(response_id, owner)
+    async def delete(self, response_id: str, owner: Any = None) -> dict:
+        job, _, stored = await self._lookup(response_id, owner)
         if job is not None:
-            raise invalid(f"Response '{response_id}' is still running (status: {job.response.status}); cancel it first.")
-        if stored is None or not self._require_store().delete(response_id):
+            raise invalid(f"Response '{response_id}' is still running (status: {job.view.get('status')}); cancel it first.")
+        if stored is None or not await self._require_store().delete(response_id):
             raise _not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     async def cancel(self, response_id: str, owner: Any = None) -> dict:
         store = self._require_store()
-        job, generation, stored = self._lookup(response_id, owner)
+        job, generation, stored = await self._lookup(response_id, owner)
         if job is not None:
-            job.generation.cancel()
-            if job.task is not None:
-                job.task.cancel()
-                try:
-                    await job.task
-                except (asyncio.CancelledError, Exception):
-                    pass
-            stored = store.get(response_id)
-            return stored.response if stored is not None else job_view(job.response)
+            running = self.jobs.active.get(response_id)
+            if running is not None:
+                await self._cancel_job(running)
+            else:
+                await self.jobs.cancel_elsewhere(response_id, job)  # through the replica running it
+            stored = await store.get(response_id)
+            return stored.response if stored is not None else dict(job.view, status="cancelled")
         if generation is not None:
             generation.cancel()
             generation.response.cancel()
             return generation.response.snapshot()
+        if stored is None and await self._live_elsewhere(response_id, owner) is not None:
+            cancelled = await self.live.cancel_elsewhere(response_id)
+            if cancelled is not None:
+                return cancelled
+            stored = await store.get(response_id)  # it finished meanwhile
+            if stored is not None and stored.owner != owner:
+                stored = None
         if stored is None:
             raise _not_found(response_id)
         if stored.response.get("status") == "cancelled":
             return stored.response
         raise invalid(f"Response '{response_id}' has already finished (status: {stored.response.get('status')}); only in-flight responses can be cancelled.")
-
-
-def job_view(response: ResponseObject) -> dict:
-    """A background response as a poll sees it: no partial output until terminal."""
-    snapshot = response.snapshot()
-    if response.status not in TERMINAL:
-        snapshot["output"] = []
-        snapshot["usage"] = zero_usage()
-    return snapshot
 
 
 def _strip_status(item: dict) -> dict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
+from kiln.protocol.discovery import DEFAULT_REDIS_NAMESPACE
 from kiln.protocol.logs import LogLevel, log_level_setting
 from kiln.protocol.settings_fields import setting
 
@@ -22,6 +23,12 @@ class Settings:
     host: str = setting("127.0.0.1", help="Address to listen on.")
     port: int = setting(8080, min=0, max=65535, help="HTTP port.")
     workers_bind: str = setting(DEFAULT_WORKERS_ADDRESS, help="ZeroMQ address workers connect to.")
+    # The deployment's model list (protocol/model_config.py): models not loaded yet are listed,
+    # and answer 503 rather than 404; on-demand ones are started through the supervisor.
+    config_path: str | None = setting(None, flag="--config", file=True, must_exist=True, help="A kiln.toml ([[models]] tables, as kiln serve --config takes): list its models, answer 503 (not 404) for one whose workers are not up, load on-demand ones through kiln serve.")
+    # kiln serve's end of the control channel (protocol/control.py); never set by hand.
+    supervisor_fd: int | None = setting(None, min=0, help="Set by kiln serve: the socket on which the gateway asks it to start and stop on-demand models.")
+    load_timeout_s: float = setting(120.0, flag="--load-timeout", min=0, min_open=True, help="Seconds a request waits for an on-demand model to load before it gets 503 with Retry-After (the load goes on).")
     max_body_bytes: int = setting(32 << 20, min=1, help="Largest request body accepted; larger ones get 413.")
     heartbeat_timeout_s: float = setting(5.0, flag="--heartbeat-timeout", min=0, min_open=True, help="Seconds of worker silence before its requests are failed.")
     # Bounded waiting: how long a worker may take to send a request's first message (prefill,
@@ -38,14 +45,18 @@ class Settings:
     reasoning_echo_max_bytes: int = setting(16 << 20, min=0, spec_env="MLXCEL_REASONING_ECHO_MAX_BYTES", help="Byte budget of the reasoning echo store; 0 turns it off.")
     # None: OpenAI's default, 1.0.
     default_temperature: float | None = setting(None, min=0, max=2, help="Temperature for requests that do not set one (default: 1, as OpenAI). Small models ramble less at 0-0.7; clients such as Codex never send one.")
-    # The response store (spec: Storage Flags). "none" is the hosted contract's store-less gateway.
-    store_mode: Literal["memory", "none"] = setting("memory", flag="--store", help="memory: keep responses as the Responses API describes. none: the hosted contract's store-less gateway.")
+    # The response store (spec: Storage Flags). "none" is the hosted contract's store-less gateway;
+    # "redis" shares the stores between gateway replicas through redis_url (docs/deploy-state.md).
+    store_mode: Literal["memory", "redis", "none"] = setting("memory", flag="--store", help="memory: keep responses as the Responses API describes, in this process. redis: the same, shared by every gateway replica through --redis-url. none: the hosted contract's store-less gateway.")
     responses_store_max_entries: int = setting(1024, min=0, spec_env="LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES", help="Stored responses kept; 0 turns response persistence off.")
     responses_store_max_bytes: int = setting(268435456, min=0, spec_env="MLXCEL_RESPONSES_STORE_MAX_BYTES", help="Approximate byte budget of stored responses (and of active background jobs); 0 evicts at once.")
     responses_store_ttl_secs: int = setting(3600, min=0, spec_env="LLAMA_ARG_RESPONSES_STORE_TTL_SECS", help="Seconds a stored response lives; 0 means no expiry.")
     responses_background_max_jobs: int = setting(64, min=0, spec_env="MLXCEL_RESPONSES_BACKGROUND_MAX_JOBS", help="Background responses running at once; 0 turns background mode off.")
     # The spec: "At least 1; 0 fails startup" (a finished store:false job needs a time to be read).
     responses_background_ephemeral_ttl_secs: int = setting(600, min=1, spec_env="MLXCEL_RESPONSES_BACKGROUND_EPHEMERAL_TTL_SECS", help="Seconds a finished store:false background response stays readable (at least 1).")
+    # --store redis: how long a replica may stop renewing its jobs' leases (it died) before another
+    # replica fails them (store/redis/jobs.py).
+    responses_background_lease_secs: int = setting(30, min=1, help="With --store redis: a background job whose replica stops renewing its lease ends failed within this many seconds (at least 1).")
     conversation_store_max_entries: int = setting(256, min=0, spec_env="LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES", help="Conversation transcripts kept; 0 turns conversations off.")
     conversation_store_max_bytes: int = setting(67108864, min=0, spec_env="MLXCEL_CONVERSATION_STORE_MAX_BYTES", help="Approximate byte budget of transcripts; 0 evicts at once.")
     conversation_store_ttl_secs: int = setting(3600, min=0, spec_env="LLAMA_ARG_CONVERSATION_STORE_TTL_SECS", help="Seconds a transcript lives; 0 means no expiry.")
@@ -54,8 +65,9 @@ class Settings:
     auth: Literal["none", "keys"] = setting("none", help="keys: API keys per organization, metering, credits and concurrency limits (needs --database-url).")
     database_url: str | None = setting(None, secret=True, help="Accounts database: sqlite:///PATH or postgresql://USER@HOST/DB.")
     catalog_path: str | None = setting(None, flag="--catalog", file=True, must_exist=True, help="TOML model catalog with prices; other models get 404 model_not_found. Without it every served model is free.")
-    redis_url: str | None = setting(None, secret=True, help="Redis for per-organization concurrency shared by gateway replicas (default: in-process counters).")
-    redis_namespace: str = setting("kiln", help="Key prefix in Redis; replicas of one deployment share it.")
+    redis_url: str | None = setting(None, secret=True, help="Redis shared by gateway replicas: per-organization concurrency and the maintenance switch (--auth keys), the stores (--store redis). Default: in-process.")
+    redis_namespace: str = setting(DEFAULT_REDIS_NAMESPACE, help="Key prefix in Redis; replicas of one deployment share it.")
+    advertise_workers: str | None = setting(None, help="ZeroMQ address workers should connect to (this replica's --workers-bind as they reach it), advertised in Redis (--redis-url) under a lease, so that workers with --discover-redis find this replica.")
     admin_token: str | None = setting(None, secret=True, help="Bearer token for /admin/maintenance (off without it).")
     admin_token_file: str | None = setting(None, file=True, must_exist=True, help="File holding the admin token (kept out of `ps`, unlike --admin-token).")
     allow_public_no_auth: bool = setting(False, help="Allow --auth none on a non-loopback address.")

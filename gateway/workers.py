@@ -2,7 +2,15 @@
 
 The gateway binds one ROUTER socket; each worker connects a DEALER and registers. Messages for a
 request are delivered to that request's ``Channel``. A worker that stops heartbeating is dropped
-and every request it held gets a ``Failed`` so that no client waits forever.
+and every request it held gets a ``Failed`` so that no client waits forever. The pool answers every
+heartbeat (``Registered``), so that a worker serving several gateway replicas learns when this one
+is gone and stops the requests it sent.
+
+A worker may serve several gateways at once. Its heartbeat then counts the work of all of them
+(``active``, ``queued``) and says how much it holds for the others (``others``); this pool's view
+of its load is that, or its own in-flight requests plus ``others``, whichever is larger
+(``WorkerHandle.load``). Routing by key is rendezvous hashing over worker ids (routing.py), so
+every replica sends a conversation to the same worker.
 
 Nothing a worker reports is taken on trust: with a worker secret only workers holding it can
 connect at all (CURVE, see kiln.protocol.security and worker_auth.py), and a connected worker whose
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +47,10 @@ from kiln.protocol import (
     decode,
     encode,
 )
+from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
 
+from . import routing
 from .errors import ApiError
 
 log = logging.getLogger("kiln.gateway.workers")
@@ -82,6 +93,11 @@ class UsageLimits:
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(value: Any) -> int:
+    """A heartbeat's count as routing may use it (anything else counts as 0)."""
+    return value if _is_count(value) else 0
 
 
 def usage_violation(usage: Any, limits: UsageLimits) -> str | None:
@@ -163,8 +179,11 @@ class WorkerHandle:
     active: int = 0
     queued: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
+    others: int = 0  # requests the worker holds for other gateways, as of its last heartbeat
     inflight: set[str] = field(default_factory=set)
     routed: int = 0  # requests sent to this worker since it registered (for /metrics)
+    capabilities: Capabilities = field(default_factory=Capabilities)  # read once from Register.features
+    rss_bytes: int = 0  # resident memory, from its heartbeats (0: not reported)
 
     @property
     def names(self) -> set[str]:
@@ -172,8 +191,9 @@ class WorkerHandle:
 
     @property
     def load(self) -> int:
-        # Our own in-flight count is current; the heartbeat's figures lag by up to a second.
-        return max(len(self.inflight), self.active + self.queued)
+        # Our own in-flight count is current; the heartbeat's figures (every gateway's work in
+        # the scheduler, the other gateways' requests) lag by up to a second.
+        return max(len(self.inflight) + self.others, self.active + self.queued)
 
     def overloaded(self) -> bool:
         return self.load >= self.info.capacity + self.info.queue_depth
@@ -232,9 +252,6 @@ class WorkerPool:
         self.auth: Any = None  # the WorkerAuthenticator while started with a secret
         self.workers: dict[bytes, WorkerHandle] = {}
         self.channels: dict[str, Channel] = {}
-        # prompt_cache_key -> worker identity that last served it (bounded LRU).
-        self._sticky: dict[str, bytes] = {}
-        self._sticky_limit = 65536
         self._ctx = zmq.asyncio.Context.instance()
         self._own_ctx = False
         self._banned: dict[bytes, None] = {}  # insertion-ordered set, bounded by BANNED_LIMIT
@@ -244,6 +261,16 @@ class WorkerPool:
         # Every name (id or alias) a worker has registered -> its model id, kept after the worker
         # goes, so that a model whose worker is restarting answers 503 (retry) instead of 404.
         self._known: dict[str, str] = {}
+        # The last registration of each model id (bounded like _known), for listing a model that
+        # is not loaded now with what it reported when it was.
+        self._last: dict[str, WorkerHandle] = {}
+        # Names the deployment's config file lists (kiln-gateway --config): 503, never 404.
+        self._expected: set[str] = set()
+        # Workers being stopped (their model went idle): forgotten by routing, and nothing they
+        # send is answered, so they cannot register again before they exit. identity -> model.
+        self._retired: dict[bytes, str] = {}
+        # Requests waiting for a model id's first worker to register.
+        self._arrivals: dict[str, list[asyncio.Future[None]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -301,8 +328,62 @@ class WorkerPool:
         return None
 
     def known(self, name: str) -> bool:
-        """Whether ``name`` was served by some worker since the gateway started (bounded memory)."""
-        return name in self._known
+        """Whether ``name`` was served by some worker since the gateway started (bounded memory),
+        or is one the config file lists."""
+        return name in self._known or name in self._expected
+
+    def expect(self, names: Any) -> None:
+        """Names of models this deployment serves even while no worker of theirs is up."""
+        self._expected.update(names)
+
+    def handles(self, model: str) -> list[WorkerHandle]:
+        """The registered workers whose model id is ``model``."""
+        return [w for w in self.workers.values() if w.info.model == model]
+
+    def serves(self, model: str) -> bool:
+        return any(w.info.model == model for w in self.workers.values())
+
+    def inflight(self, model: str) -> int:
+        """Requests the workers of model id ``model`` hold now."""
+        return sum(len(w.inflight) for w in self.handles(model))
+
+    def last_registration(self, model: str) -> WorkerHandle | None:
+        """The handle of the last worker of ``model`` that registered (it may be gone since)."""
+        return self._last.get(model)
+
+    async def wait_for_model(self, model: str) -> None:
+        """Return once a worker whose model id is ``model`` is registered (bound it by the caller)."""
+        if self.serves(model):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._arrivals.setdefault(model, [])
+        waiters.append(future)
+        try:
+            await future
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._arrivals.pop(model, None)
+
+    def retire(self, model: str) -> None:
+        """Stop routing to ``model``'s workers, which are about to be stopped: they are forgotten
+        now, their requests (the caller checked there are none) fail, and what they send until
+        they exit is ignored."""
+        for identity, worker in list(self.workers.items()):
+            if worker.info.model == model:
+                del self.workers[identity]
+                self._retired[identity] = model
+                self._fail_inflight(worker, "the worker was stopped")
+        while len(self._retired) > BANNED_LIMIT:
+            self._retired.pop(next(iter(self._retired)))
+        if not self.workers:
+            self._registered.clear()
+
+    def forget_retired(self, model: str) -> None:
+        """``model``'s retired workers have exited."""
+        for identity in [i for i, m in self._retired.items() if m == model]:
+            del self._retired[identity]
 
     def require(self, name: str) -> str:
         """The served model id for ``name``; else 503 while it is known but has no live worker
@@ -319,12 +400,17 @@ class WorkerPool:
             )
         raise ApiError(404, f"The model '{name}' does not exist or is not served here.", code="model_not_found", param="model")
 
-    def _remember(self, info: Register) -> None:
+    def _remember(self, info: Register, handle: WorkerHandle | None = None) -> None:
         for name in (info.model, *info.aliases):
             self._known.pop(name, None)
             self._known[name] = info.model
         while len(self._known) > KNOWN_MODELS_LIMIT:
             self._known.pop(next(iter(self._known)))
+        if handle is not None:
+            self._last.pop(info.model, None)
+            self._last[info.model] = handle
+            while len(self._last) > KNOWN_MODELS_LIMIT:
+                self._last.pop(next(iter(self._last)))
 
     def context_window(self, model: str) -> int | None:
         for w in self.workers.values():
@@ -333,27 +419,22 @@ class WorkerPool:
         return None
 
     # -- routing ---------------------------------------------------------------------------------
-    def pick(self, model: str, cache_key: str | None = None) -> WorkerHandle:
-        """Choose a worker for ``model``.
+    def pick(self, model: str, cache_key: str | None = None, exclude: Collection[bytes] = ()) -> WorkerHandle:
+        """Choose a worker for ``model`` (other than those in ``exclude``).
 
-        Requests sharing a ``cache_key`` go back to the worker that holds their prefix unless it is
-        overloaded; everything else goes to the least-loaded worker.
+        Requests sharing a ``cache_key`` go to the key's home among the model's workers (the same
+        on every gateway replica, see routing.py), or when it is full to the next of the key's
+        workers with room; everything else, and a key whose workers are all full, goes to the
+        least-loaded worker.
         """
-        candidates = [w for w in self.workers.values() if model in w.names]
+        candidates = [w for w in self.workers.values() if model in w.names and w.identity not in exclude]
         if not candidates:
             raise NoWorker(model)
         if cache_key is not None:
-            identity = self._sticky.get(cache_key)
-            sticky = self.workers.get(identity) if identity is not None else None
-            if sticky is not None and model in sticky.names and not sticky.overloaded():
-                return sticky
-        chosen = min(candidates, key=lambda w: (w.load / max(w.info.capacity, 1), w.load))
-        if cache_key is not None:
-            self._sticky.pop(cache_key, None)
-            self._sticky[cache_key] = chosen.identity
-            if len(self._sticky) > self._sticky_limit:
-                self._sticky.pop(next(iter(self._sticky)))
-        return chosen
+            for worker in routing.rank(cache_key, candidates, lambda w: w.info.worker_id):
+                if not worker.overloaded():
+                    return worker
+        return min(candidates, key=lambda w: (w.load / max(w.info.capacity, 1), w.load))
 
     async def wait_for_worker(self, timeout: float) -> bool:
         try:
@@ -414,6 +495,8 @@ class WorkerPool:
                 log.exception("error handling %s", type(message).__name__)
 
     async def _dispatch(self, identity: bytes, message: Any) -> None:
+        if identity in self._retired:
+            return  # a worker being stopped: not asked to register again
         if isinstance(message, Register):
             await self._register(identity, message)
             return
@@ -427,7 +510,10 @@ class WorkerPool:
             return
         worker.last_seen = time.monotonic()
         if isinstance(message, Heartbeat):
-            worker.active, worker.queued, worker.cache = message.active, message.queued, message.cache
+            worker.active, worker.queued, worker.cache = _count(message.active), _count(message.queued), message.cache
+            worker.others = _count(message.others)
+            worker.rss_bytes = _count(message.rss_bytes)
+            await self._send(identity, self._welcome())  # so the worker knows this gateway is there
             return
         if isinstance(message, (Event, Done, Failed, TokenCount, Compacted)):
             channel = self.channels.get(message.req_id)
@@ -460,16 +546,30 @@ class WorkerPool:
             await self._send(identity, Registered(ok=False, error=error))
             return
         old = self.workers.get(identity)
+        if old is not None and (old.info.worker_id, old.info.pid) == (message.worker_id, message.pid):
+            # The same process again (its Register crossed our answer): nothing to undo.
+            old.last_seen = time.monotonic()
+            await self._send(identity, self._welcome())
+            return
         if old is not None:
             self._fail_inflight(old, "the worker restarted")
-        self.workers[identity] = WorkerHandle(identity, message, time.monotonic())
-        self._remember(message)
+        handle = WorkerHandle(identity, message, time.monotonic(), capabilities=Capabilities.from_map(message.features))
+        self.workers[identity] = handle
+        self._remember(message, handle)
         log.info(
             "worker registered",
             extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},
         )
-        await self._send(identity, Registered(ok=True))
+        await self._send(identity, self._welcome())
         self._registered.set()
+        for future in self._arrivals.get(message.model, []):
+            if not future.done():
+                future.set_result(None)
+
+    def _welcome(self) -> Registered:
+        """The answer to a known worker: with our heartbeat timeout, after which (without a word
+        from us) the worker gives up on this gateway and cancels what it sent."""
+        return Registered(ok=True, heartbeat_timeout_s=self.heartbeat_timeout_s)
 
     async def _liveness_loop(self) -> None:
         while True:

@@ -3,7 +3,9 @@
 One dataclass per message. Every frame on the wire is a msgpack map whose ``"t"`` key names the
 message; the remaining keys are the dataclass fields. Workers connect to the gateway (gateway binds
 ROUTER, workers connect DEALER) and open with ``Register``; the gateway answers ``Registered`` and
-refuses a worker whose ``version`` differs from ``PROTOCOL_VERSION``.
+refuses a worker whose ``version`` differs from ``PROTOCOL_VERSION``. A worker may connect one
+DEALER to each of several gateways (replicas): every exchange below is per connection, and a
+request is answered on the connection it arrived on.
 
 Direction of each message:
 
@@ -31,23 +33,42 @@ class Register:
     queue_depth: int  # requests that may wait behind those
     version: int = PROTOCOL_VERSION
     pid: int = 0
+    # What the model can do (protocol/capabilities.py ``Capabilities.to_map()``).
     features: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Registered:
+    """The gateway's answer to ``Register`` and to every ``Heartbeat``: whether it knows this worker.
+
+    Answering each heartbeat lets a worker serving several gateways tell a gateway that is gone
+    from one that is merely idle: after ``heartbeat_timeout_s`` without a word from a gateway, the
+    worker cancels the requests that gateway sent (nobody is left to read them). ``None``: a gateway
+    that predates the answer, never timed out.
+    """
+
     ok: bool
     error: str | None = None
+    heartbeat_timeout_s: float | None = None
 
 
 @dataclass
 class Heartbeat:
-    """Sent every heartbeat interval; silence for a few intervals means the worker is gone."""
+    """Sent every heartbeat interval; silence for a few intervals means the worker is gone.
+
+    ``active`` and ``queued`` count the worker's whole scheduler, whichever gateway sent the work;
+    ``others`` is how many requests the worker holds for gateways other than the one this
+    heartbeat goes to, so that each gateway's view of the load is its own in-flight requests plus
+    ``others``. ``rss_bytes``: the worker's resident memory, which the gateway counts against a
+    host memory budget (0: not reported).
+    """
 
     worker_id: str
     active: int = 0
     queued: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
+    others: int = 0
+    rss_bytes: int = 0
 
 
 @dataclass

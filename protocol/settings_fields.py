@@ -6,7 +6,7 @@ field's name, its flag and the spec's environment names. Its type says the rest:
 
 - ``Literal["a", "b"]`` is a choice, ``bool`` a switch, ``int``/``float`` a number (``min``/``max``);
 - ``X | None`` may be left unset; ``tuple[str, ...]`` is a repeatable flag, or one comma list when
-  the field gives a ``separator``;
+  the field gives a ``separator``, or both (``repeatable=True`` too: each value may be a list);
 - every flag reads ``KILN_<FLAG>`` and then the spec's names (``LLAMA_ARG_…``, ``MLXCEL_…``).
 
 From that one declaration this module builds the click options (:func:`settings_options`), turns
@@ -45,6 +45,7 @@ class Setting:
     max: float | None = None
     min_open: bool = False  # min itself is refused (a timeout that must be positive)
     separator: str | None = None  # a tuple field given as one list ("a,b"), not a repeated flag
+    repeatable: bool = False  # with a separator: the flag may also be repeated, each value a list
     file: bool = False  # a file path; must_exist: refused by click when it is not there
     must_exist: bool = False
     secret: bool = False  # handed to child processes in their environment, never their argv
@@ -61,6 +62,7 @@ def setting(
     max: float | None = None,
     min_open: bool = False,
     separator: str | None = None,
+    repeatable: bool = False,
     file: bool = False,
     must_exist: bool = False,
     secret: bool = False,
@@ -68,7 +70,7 @@ def setting(
 ) -> Any:
     """A dataclass field that users can set by flag and environment variable."""
     names = (spec_env,) if isinstance(spec_env, str) else tuple(spec_env)
-    spec = Setting(help, flag, names, min, max, min_open, separator, file, must_exist, secret, show_default)
+    spec = Setting(help, flag, names, min, max, min_open, separator, repeatable, file, must_exist, secret, show_default)
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 
@@ -88,7 +90,12 @@ class SettingField:
 
     @property
     def repeatable(self) -> bool:
-        return self.many and self.spec.separator is None
+        return self.many and (self.spec.separator is None or self.spec.repeatable)
+
+    @property
+    def one_list(self) -> bool:
+        """A tuple given as one separated list only (not a repeated flag)."""
+        return self.many and self.spec.separator is not None and not self.spec.repeatable
 
 
 def kiln_env(flag: str) -> str:
@@ -171,7 +178,15 @@ def click_option(sf: SettingField) -> click.Option:
     if sf.base is bool:
         decls = [f"{sf.flag}/--no-{sf.flag[2:]}" if sf.default else sf.flag, sf.name]
         return click.Option(decls, is_flag=True, default=bool(sf.default), **kwargs)
+    if sf.repeatable and sf.spec.separator is not None:
+        # Split while click parses, so what it hands on (to us or to anyone reading ctx.params)
+        # is already one value per item: `--gateway a,b --gateway c` and `KILN_GATEWAY=a,b` alike.
+        kwargs["callback"] = lambda _ctx, _param, value: _split_all(value, str(sf.spec.separator))
     return click.Option([sf.flag, sf.name], type=_click_type(sf), default=sf.default, multiple=sf.repeatable, **kwargs)
+
+
+def _split_all(values: Iterable[str] | None, separator: str) -> tuple[str, ...]:
+    return tuple(part.strip() for value in values or () for part in str(value).split(separator) if part.strip())
 
 
 def settings_options(*classes: type, exclude: Collection[str] = ()) -> Callable[[_F], _F]:
@@ -201,7 +216,7 @@ def settings_options(*classes: type, exclude: Collection[str] = ()) -> Callable[
 
 def _value(sf: SettingField, value: Any) -> Any:
     """A parsed option value as the field holds it."""
-    if sf.many and sf.spec.separator is not None:
+    if sf.one_list:
         if value is None:
             return sf.default
         items = tuple(part.strip() for part in str(value).split(sf.spec.separator) if part.strip())
@@ -236,7 +251,7 @@ def argv_of(cls: type, values: Mapping[str, Any]) -> list[str]:
         elif sf.repeatable:
             for item in value:
                 argv += [sf.flag, _format(item)]
-        elif sf.many:
+        elif sf.one_list:
             argv += [sf.flag, str(sf.spec.separator).join(value)]
         else:
             argv += [sf.flag, _format(value)]

@@ -6,11 +6,16 @@ over N ``kiln-gateway`` processes; M ``kiln-worker`` processes each connect to t
 are given. Every port is a free loopback one. All processes share one worker secret (CURVE, as in
 production) and one ``--secret-key`` (so sealed content from one replica opens on another).
 
-    cluster = Cluster(tmp, gateways=2, workers=[[0], [1]]).start()   # a worker per gateway (today)
-    cluster = Cluster(tmp, gateways=2, workers=[[0, 1], [0, 1]])     # every worker on both (h-fanout)
+    cluster = Cluster(tmp, gateways=2, workers=[[0], [1]]).start()   # a worker per gateway
+    cluster = Cluster(tmp, gateways=2, workers=[[0, 1], [0, 1]])     # every worker on both
     cluster = Cluster(tmp, store="redis", redis_url=URL)             # shared state (h-redis)
+    cluster = Cluster(tmp, workers=[[0, 1]], with_haproxy=False)     # replicas without a balancer
+    cluster = Cluster(tmp, redis_url=URL, discover=True)             # workers find the replicas in Redis
 
-A worker given several gateways gets one ``--gateway`` per address; a gateway given ``store`` gets
+A worker given several gateways gets one ``--gateway`` per address (with ``discover``, none: the
+gateways advertise their worker sockets in Redis and the workers get ``--discover-redis``); a
+worker's argv starts with ``worker_prefix`` (``ip netns exec NAME`` puts it on "another host"),
+and the gateways bind their worker sockets on ``workers_host``. A gateway given ``store`` gets
 ``--store STORE``, and with ``redis_url`` also ``--redis-url`` and a ``--redis-namespace`` unique
 to this cluster (unless one is given); ``database_url`` is passed as ``--database-url``.
 """
@@ -31,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import REPO, Proc, free_port
+from tests.support import REPO, Proc, free_port, process_env
 
 HAPROXY_CONFIG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
 # The sections of deploy/haproxy/haproxy.cfg whose lines the loopback copy replaces.
@@ -87,6 +92,10 @@ class Cluster:
     database_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     heartbeat_timeout: float = 3.0
+    with_haproxy: bool = True  # False: the gateways alone, each reached on its own port
+    workers_host: str = "127.0.0.1"  # where the gateways bind their worker sockets
+    worker_prefix: list[str] = field(default_factory=list)  # what runs each worker
+    discover: bool = False  # workers find the gateways through Redis (needs redis_url)
 
     def __post_init__(self) -> None:
         if self.workers is None:
@@ -94,7 +103,7 @@ class Cluster:
         if self.redis_url and self.redis_namespace is None:
             self.redis_namespace = f"kiln-test-{secrets.token_hex(4)}"
         self.ports = [free_port() for _ in range(self.gateways)]
-        self.worker_addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(self.gateways)]
+        self.worker_addresses = [f"tcp://{self.workers_host}:{free_port()}" for _ in range(self.gateways)]
         self.port, self.stats_port = free_port(), free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.names = [f"gateway-{i}" for i in range(self.gateways)]
@@ -106,11 +115,7 @@ class Cluster:
     # ---- processes ---------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-        env.update(self._secrets)
-        env.update(self.env)
-        env.setdefault("KILN_LOG_LEVEL", "info")
-        return env
+        return process_env({**self._secrets, **self.env})
 
     def gateway_argv(self, i: int) -> list[str]:
         argv = [sys.executable, "-m", "kiln.gateway", "--port", str(self.ports[i]), "--workers-bind", self.worker_addresses[i], "--heartbeat-timeout", str(self.heartbeat_timeout)]
@@ -118,6 +123,8 @@ class Cluster:
             argv += ["--store", self.store]
         if self.redis_url:
             argv += ["--redis-url", self.redis_url, "--redis-namespace", str(self.redis_namespace)]
+        if self.discover:
+            argv += ["--advertise-workers", self.worker_addresses[i]]
         if self.database_url:
             argv += ["--database-url", self.database_url]
         return argv + self.gateway_args
@@ -129,26 +136,29 @@ class Cluster:
         return proc
 
     def add_worker(self, gateways: list[int], extra: list[str] | None = None) -> Proc:
-        argv = [sys.executable, "-m", "kiln.worker"]
+        argv = [*self.worker_prefix, sys.executable, "-m", "kiln.worker"]
         for i in gateways:
             argv += ["--gateway", self.worker_addresses[i]]
+        if self.discover:
+            argv += ["--discover-redis", str(self.redis_url), "--redis-namespace", str(self.redis_namespace)]
         proc = Proc([*argv, *self.worker_args, *(extra or [])], self._env(), self.tmp / f"worker-{len(self.worker_procs)}.log").start()
         self.worker_procs.append(proc)
         return proc
 
     def start(self, timeout: float = 240) -> "Cluster":
         binary = haproxy()
-        if binary is None:
+        if binary is None and self.with_haproxy:
             raise RuntimeError("haproxy is not installed (./dev setup installs it where apt is available)")
         try:
             for i in range(self.gateways):
                 self.start_gateway(i)
             for gateways in self.workers or []:
                 self.add_worker(gateways)
-            config = self.tmp / "haproxy.cfg"
-            servers = {name: f"127.0.0.1:{port}" for name, port in zip(self.names, self.ports)}
-            config.write_text(loopback_haproxy_config(HAPROXY_CONFIG.read_text(), port=self.port, stats_port=self.stats_port, servers=servers))
-            self.balancer = Proc([binary, "-db", "-f", str(config)], self._env(), self.tmp / "haproxy.log").start()
+            if self.with_haproxy:
+                config = self.tmp / "haproxy.cfg"
+                servers = {name: f"127.0.0.1:{port}" for name, port in zip(self.names, self.ports)}
+                config.write_text(loopback_haproxy_config(HAPROXY_CONFIG.read_text(), port=self.port, stats_port=self.stats_port, servers=servers))
+                self.balancer = Proc([binary, "-db", "-f", str(config)], self._env(), self.tmp / "haproxy.log").start()
             self.wait_ready(timeout)
         except BaseException:
             self.stop()  # a fixture that fails here never reaches its own cleanup
@@ -171,7 +181,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.ports[i]}"
 
     def expected_workers(self, i: int) -> int:
-        return sum(1 for gateways in self.workers or [] if i in gateways)
+        return sum(1 for gateways in self.workers or [] if i in gateways or self.discover)
 
     def registered(self, i: int) -> int:
         """Workers registered with gateway `i` (its /health), -1 when it does not answer."""
@@ -211,4 +221,12 @@ class Cluster:
         """Every gateway has its workers, and HAProxy sees every gateway up."""
         for i in range(self.gateways):
             self.wait_until(f"{self.names[i]} has {self.expected_workers(i)} workers", lambda i=i: self.registered(i) >= self.expected_workers(i), timeout)
-        self.wait_until("haproxy sees every gateway up", lambda: set(self.balancer_status().values()) == {"UP"}, timeout)
+        if self.with_haproxy:
+            self.wait_until("haproxy sees every gateway up", lambda: set(self.balancer_status().values()) == {"UP"}, timeout)
+
+    def health(self, i: int) -> dict:
+        return httpx.get(self.gateway_url(i) + "/health", timeout=5).json()
+
+    def worker_ids(self, i: int) -> list[str]:
+        """The ids of the workers registered with gateway `i`, sorted."""
+        return sorted(w["id"] for w in self.health(i)["workers"])

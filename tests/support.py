@@ -23,6 +23,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a Kiln process under test: ours without any KILN_ setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env.update(extra)
+    env.setdefault("KILN_LOG_LEVEL", "info")
+    return env
+
+
 @dataclass
 class Proc:
     argv: list[str]
@@ -69,10 +77,7 @@ class Kiln:
         self.worker_procs: list[Proc] = []
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-        env.update(self.env)
-        env.setdefault("KILN_LOG_LEVEL", "info")
-        return env
+        return process_env(self.env)
 
     def start(self, timeout: float = 180) -> "Kiln":
         gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *self.gateway_args], self._env(), self.tmp / "gateway.log")

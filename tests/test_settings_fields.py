@@ -23,6 +23,7 @@ class Demo:
     loud: bool = setting(False, help="A switch.")
     tag: tuple[str, ...] = setting((), help="Repeatable.")
     hosts: tuple[str, ...] | None = setting(None, separator=",", help="A comma list.")
+    peers: tuple[str, ...] = setting((), separator=",", repeatable=True, help="Repeatable, each a comma list.")
     limit: int | None = setting(None, help="Optional.")
     ttl: int = setting(60, spec_env="LLAMA_ARG_TTL", help="Has a spec name.")
     token: str | None = setting(None, secret=True, help="A secret.")
@@ -101,6 +102,12 @@ def test_argv_and_env_give_a_child_the_same_settings():
     env = child_env(settings, {"KILN_TTL": "99", "LLAMA_ARG_TTL": "98", "KILN_TOKEN": "old", "PATH": "/bin"})
     assert env == {"PATH": "/bin", "KILN_TOKEN": "s3cret"}  # setting variables scrubbed, other ones kept
     assert parse(argv, env) == settings
+
+
+def test_a_repeatable_list_splits_each_value_and_its_variable():
+    assert parse(["--peers", "a,b", "--peers", " c "]).peers == ("a", "b", "c")
+    assert parse([], {"KILN_PEERS": "a, b"}).peers == ("a", "b")
+    assert parse(to_argv(Demo(peers=("a", "b")))) == Demo(peers=("a", "b"))
 
 
 def test_only_changed_fields_are_forwarded():

@@ -1,4 +1,4 @@
-"""``kiln-worker``: load one model and serve it to a gateway over ZeroMQ."""
+"""``kiln-worker``: load one model and serve it to one or more gateways over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 from kiln.protocol.logs import configure
 from kiln.protocol.settings_fields import from_options, settings_options
 
@@ -19,18 +20,28 @@ from .settings import WorkerSettings
 log = logging.getLogger("kiln.worker")
 
 
+def gateway_list(addresses: tuple[str, ...], *, discovering: bool = False) -> tuple[str, ...]:
+    """The gateways to serve (``--gateway`` values, comma lists already split), in order, each
+    once. None given: the default address, unless the gateways are discovered (then only those)."""
+    unique = tuple(dict.fromkeys(addresses))
+    if not unique and not discovering:
+        return (DEFAULT_WORKERS_ADDRESS,)
+    return unique
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @settings_options(WorkerSettings)
 def main(**options: Any) -> None:
-    """Serve one model to a kiln-gateway."""
+    """Serve one model to one or more kiln-gateways."""
     from kiln.protocol.security import SecretError, load_secret
 
-    settings = from_options(WorkerSettings, options)
+    settings = from_config(from_options(WorkerSettings, options))
     try:  # checked before the model loads, which takes a while
         secret = load_secret(settings.worker_secret, settings.worker_secret_file)
     except SecretError as exc:
         raise click.BadParameter(str(exc), param_hint="--worker-secret")
-    settings = replace(settings, worker_secret=secret, worker_secret_file=None)
+    gateways = gateway_list(settings.gateway, discovering=settings.discover_redis is not None)
+    settings = replace(settings, gateway=gateways, worker_secret=secret, worker_secret_file=None)
     if settings.engine == "mlx":
         # Before mlx is imported: on Linux CPUs re-exec with OpenBLAS preloaded (see blas.py).
         from .loading.blas import reexec_with_openblas
@@ -54,6 +65,25 @@ def main(**options: Any) -> None:
         server.service.scheduler.stop()
 
 
+def from_config(settings: WorkerSettings) -> WorkerSettings:
+    """With ``--config``, the settings of the model ``--model-id`` names in that file (its source,
+    aliases, window, batch, cache and tool parser) over the rest, as ``kiln serve --config`` gives
+    them to that model's workers: one file for every process of a deployment."""
+    if settings.config_path is None:
+        return settings
+    from kiln.protocol.model_config import ConfigError, load_config
+
+    if settings.model or settings.model_alias:
+        raise click.UsageError("--config names the model's source and aliases: drop --model/--model-alias")
+    if not settings.model_id:
+        raise click.UsageError("--config needs --model-id: the id of the [[models]] entry this worker serves")
+    try:
+        model = load_config(settings.config_path).model(settings.model_id)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config")
+    return replace(settings, config_path=None, **model.worker_settings())
+
+
 _LAYOUTS = {"auto": None, "stock": False, "input-major": True}
 
 
@@ -61,32 +91,41 @@ def build_server(settings: WorkerSettings):
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
 
+    from .capabilities import describe
+    from .setup import Constraints, model_extras
+
     if settings.engine == "scripted":
         from .scripted import ByteTokenizer, ScriptedScheduler
 
+        time.sleep(settings.scripted_load_delay)  # a slow load, for tests of bounded waits
         tokenizer = ByteTokenizer()
         scheduler = ScriptedScheduler(settings.scripted_reply, delay_s=settings.scripted_delay, capacity=settings.max_batch, queue_depth=settings.queue_depth)
-        from .setup import model_extras
-
-        model_id, aliases, window = "kiln-scripted", list(settings.model_alias), 8192
-        extras = model_extras(tokenizer, settings.tool_parser)
+        model_id = settings.model_id or "kiln-scripted"
+        aliases, window = list(settings.model_alias), settings.context_length or 8192
+        constraints = Constraints(tokenizer)
     else:
         from .engine.scheduler import Scheduler
         from .loading import load_model
-        from .setup import model_extras
 
         started = time.monotonic()
         loaded = load_model(settings.model, weights=settings.weights)
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
+        constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
         scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout])
         model_id = settings.model_id or loaded.model_id
         aliases = sorted(set(loaded.aliases) | set(settings.model_alias) | {loaded.model_id, model_id})
         window = loaded.context_window
         if settings.context_length:
             window = min(window, settings.context_length)
-        extras = model_extras(tokenizer, settings.tool_parser)
+    extras = model_extras(tokenizer, settings.tool_parser, constraints)
     scheduler.start()
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
-    return WorkerServer(settings.gateway, service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, secret=settings.worker_secret)
+    discovery = None
+    if settings.discover_redis:
+        from .discovery import RedisDiscovery
+
+        discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
+    features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery)

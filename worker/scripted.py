@@ -105,9 +105,10 @@ class ScriptedScheduler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            while len(self._active) < self.capacity and not self._waiting.empty():
-                handle, request = self._waiting.get()
-                self._active[handle] = (request, 0)
+            with self._lock:  # moved under the lock submit() counts under, never counted nowhere
+                while len(self._active) < self.capacity and not self._waiting.empty():
+                    handle, request = self._waiting.get()
+                    self._active[handle] = (request, 0)
             if not self._active:
                 self._wake.wait(0.05)
                 self._wake.clear()

@@ -11,13 +11,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
+from kiln.protocol.discovery import DEFAULT_REDIS_NAMESPACE
 from kiln.protocol.logs import LogLevel, log_level_setting
 from kiln.protocol.settings_fields import setting
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    gateway: str = setting(DEFAULT_WORKERS_ADDRESS, help="ZeroMQ address of the gateway's worker socket.")
+    # Empty: DEFAULT_WORKERS_ADDRESS, unless the gateways are discovered (worker/cli.py).
+    gateway: tuple[str, ...] = setting((), separator=",", repeatable=True, help=f"ZeroMQ address of a gateway's worker socket; repeat it (or separate addresses with commas) to serve several gateway replicas. Default: {DEFAULT_WORKERS_ADDRESS}, or none with --discover-redis.")
+    discover_redis: str | None = setting(None, secret=True, help="Redis URL where gateway replicas advertise their worker addresses (their --advertise-workers): serve each one advertised, picking up replicas that appear or go.")
+    redis_namespace: str = setting(DEFAULT_REDIS_NAMESPACE, help="Key prefix in Redis; replicas of one deployment share it.")
+    config_path: str | None = setting(None, flag="--config", file=True, must_exist=True, help="A kiln.toml ([[models]] tables, as kiln serve --config takes): serve the model --model-id names, with its settings from the file.")
     model: str | None = setting(None, help="A GGUF file or an mlx-lm model folder. Default: the bundled SmolLM2-135M-Instruct.")
     model_id: str | None = setting(None, help="The id to serve the model under (default: from its file, folder or hub id).")
     context_length: int | None = setting(None, min=1, help="Serve at most this many tokens of context (default: the model's trained window).")
@@ -33,6 +38,7 @@ class WorkerSettings:
     engine: Literal["mlx", "scripted"] = setting("mlx", help="scripted: a weightless engine for protocol tests and overhead benchmarks.")
     scripted_reply: str = setting("Hello from Kiln's scripted engine.", help="Reply text of the scripted engine.")
     scripted_delay: float = setting(0.0, min=0, help="Seconds per token of the scripted engine.")
+    scripted_load_delay: float = setting(0.0, min=0, help="Seconds the scripted engine takes to start, standing in for a slow model load.")
     log_level: LogLevel = log_level_setting()
     worker_secret: str | None = setting(None, secret=True, help="The gateway's worker secret (ZeroMQ CURVE); without the right one the gateway never sees this worker.")
     worker_secret_file: str | None = setting(None, file=True, help="Read --worker-secret from this file, so it never shows in `ps`.")

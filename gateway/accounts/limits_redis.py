@@ -76,7 +76,9 @@ class RedisLimiter:
 
     @classmethod
     def from_url(cls, url: str, **kwargs) -> RedisLimiter:
-        return cls(Redis.from_url(url), **kwargs)
+        from ..store.redis.connection import connect  # bounded waits: a stalled Redis fails closed fast
+
+        return cls(connect(url), **kwargs)
 
     def _key(self, org_id: int) -> str:
         return f"{self._namespace}:inflight:{org_id}"

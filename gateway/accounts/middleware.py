@@ -67,8 +67,15 @@ async def send_api_error(send: Send, error: ApiError, path: str = "") -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def maintenance_error(accounts: Accounts) -> ApiError:
-    seconds = accounts.maintenance_retry_after
+async def check_maintenance(accounts: Accounts) -> None:
+    """Raise the maintenance 503 while the switch is on (raises the backend's error when the
+    switch cannot be read: the caller fails closed)."""
+    on, retry_after = await accounts.maintenance.state()
+    if on:
+        raise maintenance_error(retry_after)
+
+
+def maintenance_error(seconds: int) -> ApiError:
     return ApiError(
         503,
         f"The API is down for maintenance. Retry after {seconds} seconds.",
@@ -116,8 +123,7 @@ class AccountsMiddleware:
         accounts = self.accounts
         slot = None
         try:
-            if accounts.maintenance:
-                raise maintenance_error(accounts)
+            await check_maintenance(accounts)
             assert accounts.auth is not None and accounts.limiter is not None
             # Credits are checked live at admission (metered paths); an organization that ran
             # out can still list models and read its usage.
@@ -153,8 +159,7 @@ class AccountsMiddleware:
             return
         accounts = self.accounts
         try:
-            if accounts.maintenance:
-                raise maintenance_error(accounts)
+            await check_maintenance(accounts)
             assert accounts.auth is not None
             principal = await accounts.auth.authenticate(self._authorization(scope), None, require_credits=False)
         except ApiError as error:

@@ -21,6 +21,7 @@ from .auth import Authenticator
 from .catalog import Catalog
 from .db import Database
 from .limits import ConcurrencyLimiter, InMemoryLimiter
+from .maintenance import LocalSwitch, MaintenanceSwitch
 from .metering import Meter, UsageEvent, UsageRecord
 
 log = logging.getLogger("kiln.gateway.accounts")
@@ -88,8 +89,8 @@ class Accounts:
         self.max_body_bytes = max_body_bytes
         # Loaded now, not in the lifespan, so that a malformed catalog stops the CLI before it binds.
         self.catalog: Catalog | None = Catalog.load(catalog_path) if catalog_path else None
-        self.maintenance = False
-        self.maintenance_retry_after = 60
+        # One process's switch until open(); shared through Redis when there is one.
+        self.maintenance: MaintenanceSwitch = LocalSwitch()
         self.db: Database | None = None
         self.auth: Authenticator | None = None
         self.meter: Meter | None = None
@@ -129,9 +130,12 @@ class Accounts:
         self.meter = Meter(self.db, self.catalog if self.catalog is not None else _FreeCatalog())
         self._write_lock = asyncio.Lock() if self.db.dialect == "sqlite" else None
         if self.redis_url:
+            from ..store.redis.connection import Keys, connect
             from .limits_redis import RedisLimiter
+            from .maintenance import RedisSwitch
 
             self.limiter = RedisLimiter.from_url(self.redis_url, namespace=self.redis_namespace)
+            self.maintenance = RedisSwitch(connect(self.redis_url), Keys(self.redis_namespace).maintenance)
         else:
             self.limiter = InMemoryLimiter()
         self._expiry = asyncio.create_task(self._expire_pending_loop(), name="kiln-expire-pending")
@@ -202,5 +206,6 @@ class Accounts:
             task.get_loop().call_soon_threadsafe(task.cancel)  # opened on another loop (tests)
         if self.limiter is not None:
             await self.limiter.close()
+        await self.maintenance.close()
         if self.db is not None:
             await self.db.close()

@@ -83,7 +83,7 @@ async def _create(request: Request) -> Response:
     async def make_run() -> ResponseRun:
         body = validated(request, spec.body)
         _cap_max_tokens(service, body)
-        generation, own_input = service.prepare(body, _owner(request))
+        generation, own_input = await service.prepare(body, _owner(request))
         return ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
 
     run = await start_run(ticket, watch, make_run)
@@ -194,8 +194,8 @@ async def _count(request: Request) -> Response:
         body = validated(request, spec.body)
         model = service.pool.require(body["model"])
         body["model"] = model
-        history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
+        history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
+        body["input"] = expand_items(await service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
             count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))

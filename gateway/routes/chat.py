@@ -48,7 +48,7 @@ async def serve_door(request: Request, translate: Callable[[dict], ChatRequest],
 
     async def make_run() -> ResponseRun:
         body = validated(request, chat.body)
-        generation, own_input = service.prepare(body, _owner(request))
+        generation, own_input = await service.prepare(body, _owner(request))
         return ResponseRun(service, generation, own_input, ticket, streaming=chat.stream)
 
     run = await start_run(ticket, watch, make_run)

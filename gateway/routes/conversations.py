@@ -18,7 +18,8 @@ from ..body import read_json
 from ..errors import ApiError, invalid
 from ..history import conversation_key
 from ..responses_service import ResponsesService
-from ..store.conversations import Conversation, ConversationStore, new_conversation_id
+from ..store.conversations import Conversation, as_resource_item, new_conversation_id
+from ..store.protocols import ConversationStore
 from ..validation import check_metadata, normalize_input
 from .pagination import item_list, item_page
 
@@ -46,8 +47,8 @@ def _key(request: Request) -> str:
     return conversation_key(request.path_params["conversation_id"], _owner(request))
 
 
-def _require(request: Request) -> Conversation:
-    conv = _store(request).get(_key(request))
+async def _require(request: Request) -> Conversation:
+    conv = await _store(request).get(_key(request))
     if conv is None:
         cid = request.path_params["conversation_id"]
         raise ApiError(404, f"Conversation with id '{cid}' not found.", code="not_found", param="conversation_id")
@@ -61,7 +62,7 @@ async def _body(request: Request) -> dict:
     return raw
 
 
-def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
+async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -76,46 +77,45 @@ def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[
         raise
     if any(i.get("type") in ("compaction_trigger",) for i in items):
         raise invalid(f"Invalid '{param}': a compaction_trigger is a request, not a conversation item.", param=param)
-    return service.unseal_items(service.resolve_references(items, owner))
+    return service.unseal_items(await service.resolve_references(items, owner))
 
 
-def _index(request: Request, conv: Conversation) -> None:
-    _service(request).items.add(_owner(request), conv.items, ("conversation", _key(request)))
+async def _index(request: Request, key: str, items: list[dict]) -> None:
+    await _service(request).index_items(_owner(request), items, ("conversation", key))
 
 
 async def create_conversation(request: Request) -> Response:
     raw = await _body(request)
     store = _store(request)
     metadata = check_metadata(raw.get("metadata")) or {}
-    items = _items(raw.get("items"), "items", _service(request), _owner(request))
-    conv = Conversation(new_conversation_id(), int(time.time()), metadata)
+    items = await _items(raw.get("items"), "items", _service(request), _owner(request))
+    conv = Conversation(new_conversation_id(), int(time.time()), metadata, [as_resource_item(i) for i in items])
     key = conversation_key(conv.id, _owner(request))
-    if not store.create(key, conv):
+    if not await store.create(key, conv):  # with its items, in one write
         raise invalid("The conversation does not fit the conversation store's byte budget.")
-    if items:
-        conv = store.add_items(key, items, conversation_id=conv.id)
-    _service(request).items.add(_owner(request), conv.items, ("conversation", key))
+    await _index(request, key, conv.items)
     return JSONResponse(conv.resource())
 
 
 async def get_conversation(request: Request) -> Response:
-    return JSONResponse(_require(request).resource())
+    return JSONResponse((await _require(request)).resource())
 
 
 async def update_conversation(request: Request) -> Response:
     raw = await _body(request)
-    _require(request)
+    await _require(request)
     if "metadata" not in raw:
         raise invalid("Missing required parameter: 'metadata'.", param="metadata", code="missing_required_parameter")
     metadata = check_metadata(raw.get("metadata")) or {}
-    conv = _store(request).set_metadata(_key(request), metadata)
-    assert conv is not None
+    conv = await _store(request).set_metadata(_key(request), metadata)
+    if conv is None:  # deleted meanwhile (by another request)
+        conv = await _require(request)
     return JSONResponse(conv.resource())
 
 
 async def delete_conversation(request: Request) -> Response:
-    conv = _require(request)
-    _store(request).delete(_key(request))
+    conv = await _require(request)
+    await _store(request).delete(_key(request))
     return JSONResponse({"id": conv.id, "object": "conversation.deleted", "deleted": True})
 
 
@@ -127,20 +127,19 @@ def _page(items: list[dict], request: Request) -> dict:
 
 
 async def list_items(request: Request) -> Response:
-    return JSONResponse(_page(_require(request).items, request))
+    return JSONResponse(_page((await _require(request)).items, request))
 
 
 async def add_items(request: Request) -> Response:
     raw = await _body(request)
-    _require(request)
+    await _require(request)
     if "items" not in raw:
         raise invalid("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
-    items = _items(raw.get("items"), "items", _service(request), _owner(request))
-    conv = _require(request)
-    before = len(conv.items)
-    conv = _store(request).add_items(_key(request), items, conversation_id=conv.id)
-    _index(request, conv)
-    return JSONResponse(item_list(conv.items[before:]))
+    items = await _items(raw.get("items"), "items", _service(request), _owner(request))
+    conv = await _require(request)
+    added = await _store(request).add_items(_key(request), items, conversation_id=conv.id)
+    await _index(request, _key(request), added)
+    return JSONResponse(item_list(added))
 
 
 def _require_item(request: Request, conv: Conversation) -> dict:
@@ -152,16 +151,18 @@ def _require_item(request: Request, conv: Conversation) -> dict:
 
 
 async def get_item(request: Request) -> Response:
-    conv = _require(request)
+    conv = await _require(request)
     return JSONResponse(_require_item(request, conv))
 
 
 async def delete_item(request: Request) -> Response:
-    conv = _require(request)
+    conv = await _require(request)
     _require_item(request, conv)
-    conv = _store(request).delete_item(_key(request), request.path_params["item_id"])
-    assert conv is not None
-    return JSONResponse(conv.resource())
+    after = await _store(request).delete_item(_key(request), request.path_params["item_id"])
+    if after is None:  # removed meanwhile (by another request)
+        _require_item(request, await _require(request))
+        after = conv
+    return JSONResponse(after.resource())
 
 
 ROUTES: list[tuple[str, Any, list[str]]] = [

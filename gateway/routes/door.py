@@ -158,4 +158,6 @@ async def drain_run(run: ResponseRun, watch: DisconnectWatch, drain: Awaitable[N
     finally:
         await watch.stop()
         await run.finish()
+    if run.refusal is not None:
+        raise run.refusal  # generated, but the store could not keep it: nothing was acknowledged
     return None

@@ -40,7 +40,7 @@ async def create_response(request: Request) -> Response:
 
     async def make_run() -> ResponseRun | Response:
         body = validated(request, raw)
-        generation, own_input = service.prepare(body, _owner(request))
+        generation, own_input = await service.prepare(body, _owner(request))
         if body["background"]:
             return JSONResponse(await service.start_background(generation, own_input))
         opening.update(generation.response.snapshot())  # as it stands before any compaction work
@@ -84,7 +84,7 @@ async def get_response(request: Request) -> Response:
     params = request.query_params
     rid = request.path_params["response_id"]
     if not parse_bool(params.get("stream", "false"), "stream"):
-        return JSONResponse(_service(request).get(rid, _owner(request)))
+        return JSONResponse(await _service(request).get(rid, _owner(request)))
     after = params.get("starting_after")
     starting_after = None
     if after is not None:
@@ -92,8 +92,8 @@ async def get_response(request: Request) -> Response:
             starting_after = int(after)
         except ValueError:
             raise invalid("Invalid 'starting_after': expected an integer sequence number.", param="starting_after")
-    buffer = _service(request).event_stream(rid, _owner(request))
-    events = buffer.follow(starting_after)
+    reader = await _service(request).event_stream(rid, _owner(request))
+    events = reader.follow(starting_after)
     try:
         first = await events.__anext__()
     except TooOld as too_old:
@@ -113,7 +113,7 @@ async def _replay(first: dict | None, events: AsyncIterator[dict]) -> AsyncItera
 
 
 async def delete_response(request: Request) -> Response:
-    return JSONResponse(_service(request).delete(request.path_params["response_id"], _owner(request)))
+    return JSONResponse(await _service(request).delete(request.path_params["response_id"], _owner(request)))
 
 
 async def cancel_response(request: Request) -> Response:
@@ -121,7 +121,7 @@ async def cancel_response(request: Request) -> Response:
 
 
 async def list_input_items(request: Request) -> Response:
-    items = _service(request).input_items(request.path_params["response_id"], _owner(request))
+    items = await _service(request).input_items(request.path_params["response_id"], _owner(request))
     return JSONResponse(item_page(items, request.query_params, unknown_after="no input item '{id}'"))
 
 
@@ -160,8 +160,9 @@ async def input_tokens(request: Request) -> Response:
         body = validated(request, raw)
         model = service.pool.require(body["model"])
         body["model"] = model
-        history = expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(service.reasoning_echo.restore(history + service.unseal_items(service.resolve_references(body["input"], _owner(request))), _owner(request)), service.sealer)
+        history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
+        own = service.unseal_items(await service.resolve_references(body["input"], _owner(request)))
+        body["input"] = expand_items(await service.reasoning_echo.restore(history + own, _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
             count = await while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))

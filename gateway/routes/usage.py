@@ -108,23 +108,31 @@ def _require_admin(request: Request) -> None:
         raise ApiError(401, "A valid admin token is required.", code="invalid_api_key")
 
 
-def _maintenance_state(accounts) -> dict:
-    return {"maintenance": accounts.maintenance, "retry_after": accounts.maintenance_retry_after}
+async def _maintenance_state(accounts) -> dict:
+    on, retry_after = await accounts.maintenance.state()
+    return {"maintenance": on, "retry_after": retry_after}
 
 
 async def maintenance(request: Request) -> Response:
+    from ..store.redis.connection import BACKEND_ERRORS
+
     _require_admin(request)
-    accounts = _accounts(request)
+    try:
+        return await _maintenance(request, _accounts(request))
+    except BACKEND_ERRORS:  # the switch is shared through Redis, which did not answer
+        raise ApiError(503, "The maintenance switch is unavailable. Retry with exponential backoff.", headers={"Retry-After": "2"}) from None
+
+
+async def _maintenance(request: Request, accounts) -> Response:
     if request.method == "POST":
         body = await read_json(request, 1 << 16)
         if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
             raise invalid("Expected {\"on\": true|false, \"retry_after\": seconds}.", param="on")
-        retry_after = body.get("retry_after", accounts.maintenance_retry_after)
+        retry_after = body.get("retry_after", (await accounts.maintenance.state())[1])
         if isinstance(retry_after, bool) or not isinstance(retry_after, int) or not 1 <= retry_after <= MAX_RETRY_AFTER:
             raise invalid(f"'retry_after' must be an integer number of seconds from 1 to {MAX_RETRY_AFTER}.", param="retry_after")
-        accounts.maintenance = body["on"]
-        accounts.maintenance_retry_after = retry_after
-    return JSONResponse(_maintenance_state(accounts))
+        await accounts.maintenance.set(body["on"], retry_after)
+    return JSONResponse(await _maintenance_state(accounts))
 
 
 def hosted_routes(accounts) -> list[Route]:

@@ -1,7 +1,8 @@
 """Conversations: what ``/v1/conversations`` manages and what ``conversation`` on create reads.
 
 One conversation is one entry of a byte-, entry- and TTL-bounded LRU (the spec's conversation
-store flags), keyed by the owner and the id so that tenants never share one. Items are kept in the
+store flags), keyed by the owner and the id so that tenants never share one:
+``MemoryConversationStore`` here, ``redis/conversations.py`` for several replicas. Items are kept in the
 form the Conversations API lists them (each with an ``id`` and a ``status``, message content as
 parts), which is also the form ``item_reference`` resolves to; ``transcript`` gives them back as
 input items to render.
@@ -69,7 +70,9 @@ class Conversation:
         return next((i for i in self.items if i.get("id") == item_id), None)
 
 
-class ConversationStore:
+class MemoryConversationStore:
+    """The ConversationStore of one process: one LRU entry per conversation."""
+
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float) -> None:
         self._lru: BoundedLRU[Conversation] = BoundedLRU(max_entries, max_bytes, ttl_s)
 
@@ -78,36 +81,37 @@ class ConversationStore:
         return self._lru.enabled
 
     def _keep(self, key: str, conv: Conversation) -> None:
-        self._lru.resize(key, conv, approx_bytes(conv.items) + approx_bytes(conv.metadata) + 64)
+        self._lru.resize(key, conv, conversation_size(conv))
 
     # -- the Conversations API ---------------------------------------------------------------------
-    def create(self, key: str, conv: Conversation) -> bool:
+    async def create(self, key: str, conv: Conversation) -> bool:
         """Keep a new conversation; False when it does not fit the byte budget."""
-        return self._lru.put(key, conv, approx_bytes(conv.items) + approx_bytes(conv.metadata) + 64)
+        return self._lru.put(key, conv, conversation_size(conv))
 
-    def get(self, key: str) -> Conversation | None:
+    async def get(self, key: str) -> Conversation | None:
         return self._lru.get(key)
 
-    def delete(self, key: str) -> bool:
+    async def delete(self, key: str) -> bool:
         return self._lru.delete(key)
 
-    def set_metadata(self, key: str, metadata: dict[str, str]) -> Conversation | None:
+    async def set_metadata(self, key: str, metadata: dict[str, str]) -> Conversation | None:
         conv = self._lru.get(key)
         if conv is not None:
             conv.metadata = dict(metadata)
             self._keep(key, conv)
         return conv
 
-    def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> Conversation:
+    async def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         """Append items (as resources), starting the conversation if it does not exist."""
         conv = self._lru.get(key)
         if conv is None:
             conv = Conversation(conversation_id or key, int(time.time()))
-        conv.items = conv.items + [as_resource_item(i) for i in items]
+        added = [as_resource_item(i) for i in items]
+        conv.items = conv.items + added
         self._keep(key, conv)
-        return conv
+        return added
 
-    def delete_item(self, key: str, item_id: str) -> Conversation | None:
+    async def delete_item(self, key: str, item_id: str) -> Conversation | None:
         conv = self._lru.get(key)
         if conv is None or conv.find(item_id) is None:
             return None
@@ -116,15 +120,18 @@ class ConversationStore:
         return conv
 
     # -- what create reads and writes ------------------------------------------------------------
-    def transcript(self, key: str) -> list[dict[str, Any]]:
+    async def transcript(self, key: str) -> list[dict[str, Any]]:
         conv = self._lru.get(key)
         return [as_input_item(i) for i in conv.items] if conv is not None else []
 
-    def append(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> None:
-        self.add_items(key, items, conversation_id=conversation_id)
-
-    def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> None:
+    async def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         """Swap the items for a compacted history (metadata and creation time stay)."""
         conv = self._lru.get(key) or Conversation(conversation_id or key, int(time.time()))
         conv.items = [as_resource_item(i) for i in items]
         self._keep(key, conv)
+        return list(conv.items)
+
+
+def conversation_size(conv: Conversation) -> int:
+    """What a conversation costs against the byte budget (its items and metadata as JSON)."""
+    return approx_bytes(conv.items) + approx_bytes(conv.metadata) + 64

@@ -5,6 +5,9 @@ have given them (gateway/sse.py numbers them the same way), so a client can repl
 ``starting_after`` and then follow the live ones until the terminal event. Each buffer keeps the
 last ``max_events`` events (older ones are dropped; a ``starting_after`` before the oldest kept
 is refused), and finished buffers stay readable for the ``max_finished`` most recent responses.
+
+``EventBuffers`` is the EventLog of one process; ``redis/events.py`` keeps the same numbered
+events in Redis streams, so that any replica can replay and follow them.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class EventBuffer:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    async def flush(self) -> bool:
+        return True  # kept in memory: readable at once
+
     def close(self) -> None:
         """No more events will come (the job ended without a terminal event being recorded)."""
         self.done = True
@@ -83,7 +89,8 @@ class EventBuffer:
 
 
 class EventBuffers:
-    """The buffers of in-flight responses, and of the most recently finished ones."""
+    """The EventLog of one process: the buffers of in-flight responses, and of the most
+    recently finished ones."""
 
     def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, max_finished: int = DEFAULT_MAX_FINISHED) -> None:
         self.max_events = max_events
@@ -96,7 +103,7 @@ class EventBuffers:
         self._live[response_id] = buffer
         return buffer
 
-    def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
+    async def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
         """The response ended: record ``terminal`` unless one was, and keep it as finished."""
         buffer = self._live.pop(response_id, None)
         if buffer is None:
@@ -110,6 +117,12 @@ class EventBuffers:
 
     def get(self, response_id: str) -> EventBuffer | None:
         return self._live.get(response_id) or self._finished.get(response_id)
+
+    async def reader(self, response_id: str) -> EventBuffer | None:
+        return self.get(response_id)
+
+    async def discard(self, response_id: str) -> None:
+        self.forget(response_id)
 
     def forget(self, response_id: str) -> None:
         self._live.pop(response_id, None)

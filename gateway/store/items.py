@@ -4,6 +4,8 @@ The index maps (owner, item id) to the stored response or conversation that hold
 holder is always re-read, so an entry left behind by an evicted or deleted holder resolves to
 nothing. The index is bounded by entries (oldest forgotten first): it can only ever forget a
 reference that its holder's own LRU would likely have dropped already.
+
+``MemoryItemIndex`` is the one of one process; ``redis/items.py`` the shared one.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from typing import Any
 DEFAULT_MAX_ENTRIES = 262144
 
 
-class ItemIndex:
+class MemoryItemIndex:
+    """The ItemIndex of one process."""
+
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.max_entries = max_entries
         self._where: OrderedDict[tuple[Any, str], tuple[str, str]] = OrderedDict()
 
-    def add(self, owner: Any, items: list[dict[str, Any]], holder: tuple[str, str]) -> None:
+    async def add(self, owner: Any, items: list[dict[str, Any]], holder: tuple[str, str]) -> None:
         """``holder`` is ("response", response id) or ("conversation", store key)."""
         for item in items:
             item_id = item.get("id")
@@ -30,7 +34,7 @@ class ItemIndex:
         while len(self._where) > self.max_entries:
             self._where.popitem(last=False)
 
-    def lookup(self, owner: Any, item_id: str) -> tuple[str, str] | None:
+    async def lookup(self, owner: Any, item_id: str) -> tuple[str, str] | None:
         return self._where.get((owner, item_id))
 
     def __len__(self) -> int:

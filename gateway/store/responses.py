@@ -1,4 +1,8 @@
-"""Stored responses: what ``GET /v1/responses/{id}`` and ``previous_response_id`` read."""
+"""Stored responses: what ``GET /v1/responses/{id}`` and ``previous_response_id`` read.
+
+``StoredResponse`` is the value every backend keeps; ``MemoryResponseStore`` keeps it in this
+process (``--store memory``); ``redis/responses.py`` is the shared one.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +25,18 @@ class StoredResponse:
     def chainable(self) -> bool:
         return not self.ephemeral
 
+    @property
+    def owner(self) -> Any:
+        return self.extra.get("owner")
 
-class ResponseStore:
+    def size(self) -> int:
+        """What it costs against the byte budget: its response and input items as JSON."""
+        return approx_bytes(self.response) + approx_bytes(self.input_items)
+
+
+class MemoryResponseStore:
+    """The ResponseStore of one process: a byte-, entry- and TTL-bounded LRU."""
+
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, ephemeral_ttl_s: float) -> None:
         self._lru: BoundedLRU[StoredResponse] = BoundedLRU(max_entries, max_bytes, ttl_s)
         self.ephemeral_ttl_s = ephemeral_ttl_s
@@ -35,20 +49,21 @@ class ResponseStore:
     def max_bytes(self) -> int:
         return self._lru.max_bytes
 
-    @property
-    def bytes(self) -> int:
-        return self._lru.bytes
-
     def __len__(self) -> int:
         return len(self._lru)
 
-    def put(self, stored: StoredResponse) -> bool:
-        size = approx_bytes(stored.response) + approx_bytes(stored.input_items)
-        ttl = self.ephemeral_ttl_s if stored.ephemeral else None
-        return self._lru.put(stored.response["id"], stored, size, ttl_s=ttl)
+    def size_of(self, stored: StoredResponse) -> int:
+        return stored.size()
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    async def put(self, stored: StoredResponse) -> bool:
+        ttl = self.ephemeral_ttl_s if stored.ephemeral else None
+        return self._lru.put(stored.response["id"], stored, stored.size(), ttl_s=ttl)
+
+    async def get(self, response_id: str) -> StoredResponse | None:
         return self._lru.get(response_id)
 
-    def delete(self, response_id: str) -> bool:
+    async def delete(self, response_id: str) -> bool:
         return self._lru.delete(response_id)
+
+    async def stats(self) -> dict[str, int]:
+        return {"entries": len(self._lru), "bytes": self._lru.bytes, "max_bytes": self._lru.max_bytes}

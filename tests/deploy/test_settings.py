@@ -33,9 +33,6 @@ SOURCES = {"gateway": ["gateway", "protocol"], "worker": ["worker", "protocol"]}
 
 # (daemon, setting as the problem names it) -> what is being built, where. Trim as they merge.
 PENDING: dict[tuple[str, str], str] = {
-    ("gateway", "KILN_STORE"): "--store redis (h-redis, issue 18 item 2)",
-    ("worker", "--gateway"): "a repeatable --gateway (h-fanout, issue 18 item 1)",
-    ("worker", "KILN_GATEWAY"): "a comma-separated KILN_GATEWAY (h-fanout, issue 18 item 1)",
 }
 
 

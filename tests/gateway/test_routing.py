@@ -2,7 +2,9 @@
 
 Which worker served a request is read from ``/metrics`` (``kiln_worker_requests_total``), as an
 operator would see it. Each worker takes one request at a time with one more queued, so a
-"busy" worker is one running a long stream, and an overloaded one has two.
+"busy" worker is one running a long stream, and an overloaded one has two. A key's worker is its
+rendezvous-hash home (the same on every gateway replica: tests/e2e/test_gateway_replicas.py), so
+the tests find keys that live on a given worker by sending them.
 The same path with the real model is covered by tests/e2e/test_features_real_model.py
 (``test_conversation_stays_on_the_worker_holding_its_prefix``).
 """
@@ -91,24 +93,37 @@ def busy(base_url: str, key: str, streams: int = 1, body: dict | None = None, mo
     assert endings == ["response.completed"] * streams, endings
 
 
+def key_living_elsewhere(client: httpx.Client, worker: str, prefix: str) -> tuple[str, str]:
+    """A key whose worker is not ``worker``, and that worker (found by sending, while idle)."""
+    for n in range(64):
+        key = f"{prefix}-{n}"
+        home = served_by(client, {"prompt_cache_key": key})
+        if home != worker:
+            return key, home
+    pytest.fail("every key landed on one worker")
+
+
 def test_key_goes_back_to_its_worker_even_when_it_is_the_busier_one(pair, client):
     home = served_by(client, {"prompt_cache_key": "conv-a"})
+    other_key, other = key_living_elsewhere(client, home, "conv-b")
+    assert served_by(client, {"prompt_cache_key": "conv-a"}) == home  # the same key, the same worker
     with busy(pair.base_url, "conv-a"):
-        # A new key goes to the least-loaded worker: the other one.
-        other = served_by(client, {"prompt_cache_key": "conv-b"})
-        assert other != home
+        # A request without a key goes to the least-loaded worker: the other one.
+        assert served_by(client, {}) == other
         # The known key returns to its worker although that one is running a stream.
         assert served_by(client, {"prompt_cache_key": "conv-a"}) == home
-    assert served_by(client, {"prompt_cache_key": "conv-b"}) == other
+        assert served_by(client, {"prompt_cache_key": other_key}) == other
+    assert served_by(client, {"prompt_cache_key": other_key}) == other
 
 
-def test_overloaded_worker_gives_way_to_the_least_loaded(pair, client):
+def test_overloaded_worker_gives_way_and_the_key_comes_back(pair, client):
     home = served_by(client, {"prompt_cache_key": "conv-c"})
     with busy(pair.base_url, "conv-c", streams=2):  # one running, one queued: full
         moved = served_by(client, {"prompt_cache_key": "conv-c"})
         assert moved != home
-    # The key now lives where it was last served.
-    assert served_by(client, {"prompt_cache_key": "conv-c"}) == moved
+    # Once its worker has room again the key goes home: every gateway replica agrees on where a
+    # key lives without remembering where it was last served.
+    assert served_by(client, {"prompt_cache_key": "conv-c"}) == home
 
 
 def test_session_header_routes_like_prompt_cache_key(pair, client):
@@ -122,9 +137,10 @@ def test_session_header_routes_like_prompt_cache_key(pair, client):
         sticky_key += "+"
     else:
         pytest.fail("no key landed on the session's worker")
+    explicit_key, elsewhere = key_living_elsewhere(client, first, "explicit-key-wins")
     with busy(pair.base_url, sticky_key):
         assert served_by(client, {}, headers={"session-id": "codex-session-1"}) == first
-        assert served_by(client, {"prompt_cache_key": "explicit-key-wins"}, headers={"session-id": "codex-session-1"}) != first
+        assert served_by(client, {"prompt_cache_key": explicit_key}, headers={"session-id": "codex-session-1"}) == elsewhere
 
 
 def test_server_default_temperature_applies_only_when_the_request_sets_none(tmp_path):

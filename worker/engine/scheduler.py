@@ -163,9 +163,11 @@ class Scheduler:
                     if dropped:
                         self._waiting = deque((h, r) for h, r in self._waiting if h not in cancels)
                     room = self.max_batch - len(self._batch) - len(self._prefills)
-                    admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-                for handle, req in admitted:
-                    self._prefills.append(Prefill(handle, req, self.prefill_chunk))
+                    # Into _prefills under the lock: a request between the two lists would be
+                    # counted by neither, and submit() would admit one more than batch + queue.
+                    for _ in range(min(room, len(self._waiting))):
+                        handle, req = self._waiting.popleft()
+                        self._prefills.append(Prefill(handle, req, self.prefill_chunk))
                 for _, req in dropped:
                     self._finish(req, "cancelled")
                 try:
