@@ -10,7 +10,9 @@ fsync on every write), so that a test can kill it and start it again.
 
 Not repeated here: that a worker cancels a dead gateway's requests and registers again when the
 gateway restarts (tests/e2e/test_gateway_replicas.py shows exactly that), and that the real model's
-streams on a killed replica are cut (tests/e2e/test_cluster.py).
+streams on a killed replica are cut (tests/e2e/test_cluster.py). The background job polled and
+cancelled through the other replica is here because hosted mode (test_cluster.py's) refuses
+``background``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,24 @@ def _create(cluster: Cluster, replica: str, **body):
 def _whole(cluster: Cluster) -> None:
     """Both gateways up with both workers, and in HAProxy's rotation."""
     cluster.wait_ready(WAIT_S * 2)
+
+
+# -- a background job across replicas ---------------------------------------------------------
+
+
+def test_a_background_job_is_polled_and_cancelled_through_the_other_replica_scripted(faults):
+    """Here rather than in test_cluster.py: hosted mode refuses ``background``."""
+    sdk = _sdk(faults)
+    owner, poller = faults.names
+    job = _create(faults, owner, input="[[hang]]", background=True)  # runs until cancelled
+    assert job.status in ("queued", "in_progress")
+    until(lambda: faults.on(poller, sdk.responses.with_raw_response.retrieve, job.id).status == "in_progress", "job in progress, seen from the other replica")
+    cancelled = faults.on(poller, sdk.responses.with_raw_response.cancel, job.id)
+    assert_response(cancelled.model_dump(mode="json", exclude_unset=True))
+    assert cancelled.status == "cancelled"
+    # Both replicas agree: the owner stopped its worker request and stored the cancelled job.
+    for replica in (owner, poller):
+        assert faults.on(replica, sdk.responses.with_raw_response.retrieve, job.id).status == "cancelled"
 
 
 # -- a gateway replica killed ------------------------------------------------------------------
