@@ -76,7 +76,7 @@ def cluster(tmp_path_factory):
 
 def _sdk(cluster: Cluster, key: str = "main") -> OpenAI:
     # No SDK retries: whatever the client sees is what HAProxy and the gateways did.
-    return OpenAI(base_url=cluster.base_url + "/v1", api_key=cluster.keys[key], max_retries=0, timeout=120)
+    return OpenAI(base_url=cluster.base_url + "/v1", api_key=cluster.keys[key], max_retries=0, timeout=600)  # a loaded 2-core CI is slow, never silent
 
 
 def other(cluster: Cluster, replica: str) -> str:
