@@ -2,7 +2,8 @@
 
 For each run and each peer: start the server, warm it up, run the workloads, stop it. Peers are
 interleaved run by run so that drift in machine load hits all of them alike. The table shows the
-median of each metric over the runs and the ratio Kiln/peer. See bench/README.md.
+median of each metric over the runs and the ratios Kiln/peer (for `kiln` and, where it runs,
+`kiln_chat`: Kiln through /v1/chat/completions). See bench/README.md.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", default=",".join(wl.WORKLOADS), help="comma-separated, from %(default)s")
     p.add_argument("--json", type=Path, default=None, help="write every run's metrics and the medians here")
     p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
-    p.add_argument("--blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for every peer (default: each server's own, the usable core count); 1 helps on a machine shared with other work")
+    p.add_argument("--threads", type=int, default=None, help="compute threads for every peer: llama-server's -t, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (default: the usable core count); 1 on a machine shared with other work, where spinning threads that wait for a descheduled one make 2 threads far slower than 1")
+    p.add_argument("--blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS alone for every peer (default: --threads, else each server's own, the usable core count)")
     p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp folder)")
     p.add_argument("--kiln-arg", action="append", default=[], help="extra argument for `kiln serve` (repeatable), e.g. --kiln-arg=--model --kiln-arg=PATH to serve the same folder the mlx_lm peers use")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a server to come up")
+    p.add_argument("--ratios", default=None, help="comma-separated peers whose medians are divided by the others' (default: kiln and kiln_chat where they ran, else kiln_scripted)")
     opts = p.parse_args(argv)
     if opts.runs is None:
         opts.runs = 1 if opts.quick else 3
@@ -47,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def run_peer_once(server: Server, cfg: wl.Config, names: list[str], run: int) -> tuple[dict, list[str]]:
     spec = server.spec
-    api = make_api(spec.api, spec.base_url, spec.model)
+    api = make_api(spec.api, spec.base_url, spec.model, spec.exact_length)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=cfg.timeout) as client:
         warm = await api.stream(client, [{"role": "user", "content": "Hello! Who are you?"}], 4, 0.0, cfg.timeout)
@@ -75,19 +78,36 @@ def fmt(value) -> str:
     return str(value)
 
 
-def table(peers: list[str], medians: dict[str, dict], base: str | None) -> str:
+def ratio_pairs(peers: list[str], bases: list[str]) -> list[tuple[str, str]]:
+    """(base, peer) for each ratio column: each base against every peer that is not an earlier base.
+
+    With bases kiln, kiln_chat: kiln against all others (kiln_chat included: what the Chat door
+    costs), then kiln_chat against the other chat servers.
+    """
+    pairs = []
+    for i, base in enumerate(bases):
+        pairs += [(base, p) for p in peers if p != base and p not in bases[:i]]
+    return pairs
+
+
+def default_bases(medians: dict[str, dict]) -> list[str]:
+    bases = [b for b in ("kiln", "kiln_chat") if b in medians]
+    return bases or (["kiln_scripted"] if "kiln_scripted" in medians else [])
+
+
+def table(peers: list[str], medians: dict[str, dict], bases: list[str]) -> str:
     metrics: list[str] = []
     for peer in peers:
         for key in medians.get(peer, {}):
             if key not in metrics:
                 metrics.append(key)
-    others = [p for p in peers if p != base and p in medians] if base else []
-    header = ["metric", *peers, *[f"{base}/{p}" for p in others]]
+    pairs = ratio_pairs([p for p in peers if p in medians], [b for b in bases if b in medians])
+    header = ["metric", *peers, *[f"{a}/{b}" for a, b in pairs]]
     rows = [header]
     for m in metrics:
         row = [m + {True: " ↑", False: " ↓", None: ""}[wl.higher_is_better(m)]]
         row += [fmt(medians.get(p, {}).get(m)) for p in peers]
-        for p in others:
+        for base, p in pairs:
             a, b = medians[base].get(m), medians[p].get(m)
             row.append(f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-")
         rows.append(row)
@@ -98,6 +118,17 @@ def table(peers: list[str], medians: dict[str, dict], base: str | None) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def token_mismatches(peers: list[str], medians: dict[str, dict], tolerance: float = 0.05) -> list[str]:
+    """Token-count rows where the peers differ by more than `tolerance`: their rates are then over different lengths."""
+    out = []
+    keys = dict.fromkeys(k for p in peers for k in medians.get(p, {}) if k.endswith(("output_tokens", "input_tokens")))
+    for key in keys:
+        values = {p: medians[p][key] for p in peers if isinstance(medians.get(p, {}).get(key), (int, float))}
+        if len(values) > 1 and max(values.values()) > (1 + tolerance) * min(values.values()):
+            out.append(f"{key}: " + ", ".join(f"{p} {fmt(v)}" for p, v in values.items()))
+    return out
 
 
 def _interrupt(*_) -> None:
@@ -115,13 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n not in wl.RUNNERS:
             sys.exit(f"unknown workload {n!r}; choose from {', '.join(wl.WORKLOADS)}")
+    ratio_bases = [b.strip() for b in opts.ratios.split(",") if b.strip()] if opts.ratios else None
+    for b in ratio_bases or []:
+        if b not in peers:
+            sys.exit(f"--ratios names {b!r}, which is not among --peers")
     cfg = wl.Config.quick() if opts.quick else wl.Config()
 
     specs_ok: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for p in peers:
         try:
-            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, kiln_args=opts.kiln_arg)
+            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, threads=opts.threads, kiln_args=opts.kiln_arg)
             specs_ok[p] = spec.note
         except PeerUnavailable as exc:
             skipped[p] = str(exc)
@@ -136,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for run in range(opts.runs):
         for p in active:
-            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, kiln_args=opts.kiln_arg)  # fresh ports each start
+            spec = spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, threads=opts.threads, kiln_args=opts.kiln_arg)  # fresh ports each start
             progress(f"{p} run {run + 1}/{opts.runs}: starting ({spec.note})")
             t0 = time.perf_counter()
             try:
@@ -159,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         keys = [k for r in rs for k in r]
         medians[p] = {k: median([r.get(k) for r in rs]) for k in dict.fromkeys(keys)}
-    base = "kiln" if "kiln" in medians else ("kiln_scripted" if "kiln_scripted" in medians else None)
+    bases = ratio_bases or default_bases(medians)
     shown = [p for p in active if p in medians]
 
     print(f"\nKiln benchmark — medians over {opts.runs} run(s){' (quick)' if opts.quick else ''}, {platform.machine()} {platform.system()}, {elapsed:.0f} s")
@@ -169,8 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {p}: skipped ({why})")
     if shown:
         print()
-        print(table(shown, medians, base))
-        print("\n↑ higher is better, ↓ lower is better; ratios are Kiln's median over the peer's median.")
+        print(table(shown, medians, bases))
+        print("\n↑ higher is better, ↓ lower is better; a/b columns are a's median over b's median.")
+        mismatches = token_mismatches(shown, medians)
+        if mismatches:
+            print("Token counts differ between peers (rates below are over different lengths):")
+            for line in mismatches:
+                print(f"  {line}")
     if opts.json:
         opts.json.write_text(json.dumps({
             "config": {**vars(cfg), "runs": opts.runs, "quick": opts.quick, "workloads": names},

@@ -67,9 +67,10 @@ class StreamResult:
 class _API:
     path = ""
 
-    def __init__(self, base_url: str, model: str) -> None:
+    def __init__(self, base_url: str, model: str, exact_length: dict[str, Any] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.exact_length = dict(exact_length or {})  # the server's own fields for "no early EOS"
 
     def body(self, messages: list[Message], max_tokens: int, temperature: float, stream: bool = True) -> dict[str, Any]:
         raise NotImplementedError
@@ -78,9 +79,12 @@ class _API:
         """Handle one SSE event; return True when the stream is finished."""
         raise NotImplementedError
 
-    async def stream(self, client: httpx.AsyncClient, messages: list[Message], max_tokens: int, temperature: float = 0.0, timeout: float = 900.0) -> StreamResult:
+    async def stream(self, client: httpx.AsyncClient, messages: list[Message], max_tokens: int, temperature: float = 0.0, timeout: float = 900.0, exact: bool = False) -> StreamResult:
+        """Stream one generation. `exact`: ask for exactly `max_tokens`, where the server can."""
         result = StreamResult(start=time.perf_counter())
         body = self.body(messages, max_tokens, temperature)
+        if exact:
+            body.update(self.exact_length)
         try:
             async with client.stream("POST", self.base_url + self.path, json=body, timeout=timeout) as response:
                 if response.status_code != 200:
@@ -198,8 +202,8 @@ class ChatAPI(_API):
         return False
 
 
-def make_api(kind: str, base_url: str, model: str) -> _API:
-    return {"responses": ResponsesAPI, "chat": ChatAPI}[kind](base_url, model)
+def make_api(kind: str, base_url: str, model: str, exact_length: dict[str, Any] | None = None) -> _API:
+    return {"responses": ResponsesAPI, "chat": ChatAPI}[kind](base_url, model, exact_length)
 
 
 def percentile(values: list[float], q: float) -> float | None:

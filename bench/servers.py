@@ -5,7 +5,8 @@ Peers:
   kiln_scripted  `kiln serve --engine scripted`: no model; gateway + protocol + fake token stream
   mlx_lm_f32     `python -m mlx_lm.server` on the GGUF dequantized to float32, OpenBLAS preloaded
   mlx_lm_q4      `python -m mlx_lm.server` on the GGUF's own 4-bit weights, stock (no preload)
-  llama_cpp      `llama-server` or `python -m llama_cpp.server` on the GGUF itself, if installed
+  llama_cpp      llama.cpp's `llama-server` on the GGUF itself: the one on PATH, else built here from
+                 the llama-cpp-python sdist's sources for this CPU (bench/llama_cpp.py, cached)
   kiln_chat, kiln_scripted_chat
                  the same Kiln servers measured through /v1/chat/completions instead of
                  /v1/responses (what the Chat door adds; the same client as the chat peers)
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +34,13 @@ PEERS = ("kiln", "mlx_lm_f32", "mlx_lm_q4", "llama_cpp")
 ALL_PEERS = (*PEERS, "kiln_scripted", "kiln_chat", "kiln_scripted_chat")
 
 
+# llama-server's slots (requests decoded together; as many as the largest concurrent workload)
+# and each slot's context: -c is divided among the slots, and the longest workload prompt (the
+# ~1000-token shared system prompt plus its output) must fit in one.
+LLAMA_SLOTS = 8
+LLAMA_SLOT_CONTEXT = 2048
+
+
 class PeerUnavailable(RuntimeError):
     """The peer cannot run here (not installed); the harness skips it."""
 
@@ -42,6 +49,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: the thread count Kiln's worker gives OpenMP and OpenBLAS."""
+    from kiln.worker.loading import blas  # no mlx import: it runs before mlx loads
+
+    return blas._usable_cores()
 
 
 def _kiln_exe() -> list[str]:
@@ -59,28 +73,35 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     health: str = "/health"
     note: str = ""
+    # Request fields that make this server generate exactly max_tokens (no early stop at EOS),
+    # where it has such a field; workloads that compare rates send them.
+    exact_length: dict[str, object] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
 
-def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None) -> ServerSpec:
+def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None, threads: int | None = None) -> ServerSpec:
     """The command line for peer `name`; raises PeerUnavailable if it cannot run here.
 
-    `blas_threads` sets OPENBLAS_NUM_THREADS for every peer (Kiln's worker and the OpenBLAS
-    preload here otherwise default it to the usable core count).
+    `threads` sets every peer's compute threads: llama-server's `-t`, OMP_NUM_THREADS (Kiln's
+    native kernels) and OPENBLAS_NUM_THREADS; each otherwise defaults to the usable core count.
+    `blas_threads` sets OPENBLAS_NUM_THREADS alone, and wins over `threads` for it.
     """
-    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args)
+    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads)
+    if threads:
+        spec.env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+        spec.note += f", OMP_NUM_THREADS=OPENBLAS_NUM_THREADS={threads}"
     if blas_threads:
         spec.env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
         spec.note += f", OPENBLAS_NUM_THREADS={blas_threads}"
     return spec
 
 
-def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None) -> ServerSpec:
+def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None, threads: int | None) -> ServerSpec:
     if name in ("kiln_chat", "kiln_scripted_chat"):
-        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args)
+        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads)
         spec.name, spec.api, spec.note = name, "chat", spec.note + ", through /v1/chat/completions"
         return spec
     port = free_port()
@@ -117,16 +138,22 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
         return ServerSpec(name, argv, "chat", "default_model", port, env, note=note)
     if name == "llama_cpp":
         from .convert import bundled_gguf
+        from .llama_cpp import BuildError, server_binary
 
-        gguf = str(bundled_gguf())
-        binary = shutil.which("llama-server")
-        if binary:
-            argv = [binary, "-m", gguf, "--port", str(port), "--host", "127.0.0.1", "-c", "8192", "-np", "8", "--jinja"]
-            return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, note="llama-server (llama.cpp)")
-        if importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llama_cpp.server") is not None:
-            argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--port", str(port), "--host", "127.0.0.1", "--n_ctx", "8192", "--model_alias", "smollm2-135m-instruct"]
-            return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, health="/v1/models", note="llama-cpp-python server")
-        raise PeerUnavailable("llama.cpp not installed (no llama-server on PATH, no llama_cpp.server module)")
+        try:
+            binary = server_binary()
+        except BuildError as exc:
+            raise PeerUnavailable(str(exc)) from exc
+        threads = threads or usable_cores()
+        argv = [
+            str(binary.path), "-m", str(bundled_gguf()), "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_SLOTS * LLAMA_SLOT_CONTEXT),
+            "--jinja", "--alias", "smollm2-135m-instruct",
+        ]
+        note = f"llama-server {binary.version}, {binary.origin}: {binary.path}; -t {threads}, -np {LLAMA_SLOTS}, {LLAMA_SLOT_CONTEXT} tokens per slot"
+        # llama-server can promise the output length: without EOS its greedy text, computed with
+        # 8-bit activations, could end at a different token than the mlx-based peers' does.
+        return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, note=note, exact_length={"ignore_eos": True})
     raise ValueError(f"unknown peer {name!r}; choose from {', '.join(ALL_PEERS)}")
 
 

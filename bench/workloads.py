@@ -51,8 +51,9 @@ class Context:
     progress: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
     errors: list[str] = field(default_factory=list)
 
-    async def stream(self, messages, max_tokens) -> StreamResult:
-        result = await self.api.stream(self.client, messages, max_tokens, 0.0, self.cfg.timeout)
+    async def stream(self, messages, max_tokens, exact: bool = False) -> StreamResult:
+        """One request at temperature 0; `exact` asks for max_tokens where the server can promise it."""
+        result = await self.api.stream(self.client, messages, max_tokens, 0.0, self.cfg.timeout, exact=exact)
         if result.error:
             self.errors.append(result.error)
         return result
@@ -73,7 +74,7 @@ async def single(ctx: Context) -> dict[str, float | None]:
     results = []
     for i in range(ctx.cfg.single_reps):
         msgs = [{"role": "user", "content": prompts.user_prompt(ctx.run, 100 + i, ctx.cfg.prompt_tokens)}]
-        r = await ctx.stream(msgs, ctx.cfg.output_tokens)
+        r = await ctx.stream(msgs, ctx.cfg.output_tokens, exact=True)
         ctx.progress(f"    single {i + 1}/{ctx.cfg.single_reps}: {_describe(r)}")
         results.append(r)
     ok = [r for r in results if r.ok]
@@ -91,7 +92,7 @@ async def concurrent(ctx: Context) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for c in ctx.cfg.concurrency:
         msgs = [[{"role": "user", "content": prompts.user_prompt(ctx.run, 200 + 10 * c + i, ctx.cfg.prompt_tokens)}] for i in range(c)]
-        results = await asyncio.gather(*(ctx.stream(m, ctx.cfg.output_tokens) for m in msgs))
+        results = await asyncio.gather(*(ctx.stream(m, ctx.cfg.output_tokens, exact=True) for m in msgs))
         ok = [r for r in results if r.ok]
         key = f"conc{c}"
         if ok:
@@ -104,6 +105,7 @@ async def concurrent(ctx: Context) -> dict[str, float | None]:
                 f"{key}.aggregate_tps": agg,
                 f"{key}.latency_p50_ms": percentile(lat, 50),
                 f"{key}.latency_p99_ms": percentile(lat, 99),
+                f"{key}.output_tokens": sum(r.tokens for r in ok),  # all streams: what aggregate_tps counts
             })
             ctx.progress(f"    {c} concurrent: {len(ok)}/{c} ok, aggregate {agg or 0:.1f} tok/s, p50 latency {percentile(lat, 50):.0f} ms")
         else:

@@ -1,5 +1,6 @@
 """Admission for every front door, in one function: the hosted checks when accounts are on
-(``accounts/admission.py``), nothing in local mode.
+(``accounts/admission.py``), and in both modes the wait for an on-demand model to load
+(``ondemand.py``).
 
 A route calls ``admit`` once it has parsed the body and before any worker is involved, and hands
 the ticket to the response lifecycle, which settles it. Routes never meter; the ticket is the hook.
@@ -58,7 +59,9 @@ async def admit(request: Request, body: Mapping[str, Any], *, reserve: bool = Tr
     ``reserve`` is False for work that is checked (key scope, credits, concurrency) but not billed,
     such as counting input tokens."""
     accounts = request.app.state.accounts
+    loader = request.app.state.loader
     if accounts is None:
+        await loader.ensure(body.get("model"))
         return OpenTicket()
     from .accounts.admission import admit as hosted_admit
 
@@ -71,6 +74,7 @@ async def admit(request: Request, body: Mapping[str, Any], *, reserve: bool = Tr
             pool=request.app.state.pool,
             reserve=reserve,
             slot=request.scope.get(SLOT_SCOPE_KEY),
+            loader=loader,
         )
     except ApiError:
         raise

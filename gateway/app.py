@@ -19,6 +19,7 @@ from .advertise import advertiser_for
 from .edge import EdgeMiddleware
 from .errors import ApiError
 from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
+from .ondemand import Launcher, ModelLoader
 from .request_log import install_request_log
 from .routes.chat import create_chat_completion
 from .routes.completions import create_completion
@@ -97,8 +98,24 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(ApiError(500, message).body(), status_code=500)
 
 
-def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlette:
+def _loader(settings: Settings, pool: WorkerPool, launcher: Launcher | None) -> ModelLoader:
+    """The deployment's model list (--config) and the on-demand loading it may ask for."""
+    config = None
+    if settings.config_path:
+        from kiln.protocol.model_config import load_config
+
+        config = load_config(settings.config_path)  # checked by cli.checked() before the start
+    if launcher is None and settings.supervisor_fd is not None:
+        from .supervisor_link import SupervisorLink
+
+        launcher = SupervisorLink(settings.supervisor_fd)
+    return ModelLoader(config, pool, launcher, load_timeout_s=settings.load_timeout_s)
+
+
+def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: Launcher | None = None) -> Starlette:
+    """The gateway; `pool` and `launcher` (who starts on-demand models) replace the real ones in tests."""
     pool = pool or WorkerPool(settings.workers_bind, heartbeat_timeout_s=settings.heartbeat_timeout_s, secret=settings.worker_secret)
+    loader = _loader(settings, pool, launcher)
     # Hosted mode (--auth keys): accounts DB, key auth, metering, limits -- see gateway/accounts/.
     accounts = Accounts.from_settings(settings) if settings.auth == "keys" else None
 
@@ -109,6 +126,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
         await responses.open()
+        await loader.start()
         if accounts is not None:
             await accounts.open()
         if advertiser is not None:
@@ -120,6 +138,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
                 await advertiser.stop()
             if accounts is not None:
                 await accounts.close()
+            await loader.stop()
             await responses.close()
             await pool.stop()
 
@@ -132,6 +151,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None) -> Starlet
     )
     app.state.settings = settings
     app.state.pool = pool
+    app.state.loader = loader
     app.state.accounts = accounts
     app.state.responses = responses
     responses.metrics = metrics

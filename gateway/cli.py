@@ -54,6 +54,20 @@ def checked(settings: Settings) -> Settings:
         except (CatalogError, OSError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--catalog")
         settings = replace(settings, catalog_path=os.path.abspath(settings.catalog_path))
+    if settings.config_path:
+        from kiln.protocol.model_config import ConfigError, load_config
+
+        try:
+            load_config(settings.config_path)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--config")
+        settings = replace(settings, config_path=os.path.abspath(settings.config_path))
+    if settings.supervisor_fd is not None:
+        from .supervisor_link import check_fd
+
+        problem = check_fd(settings.supervisor_fd)
+        if problem:
+            raise click.BadParameter(problem, param_hint="--supervisor-fd")
     token = admin_token(settings.admin_token, settings.admin_token_file)
     secret = worker_secret(settings.workers_bind, settings.worker_secret, settings.worker_secret_file)
     return replace(settings, admin_token=token, admin_token_file=None, worker_secret=secret, worker_secret_file=None)

@@ -23,6 +23,12 @@ class Settings:
     host: str = setting("127.0.0.1", help="Address to listen on.")
     port: int = setting(8080, min=0, max=65535, help="HTTP port.")
     workers_bind: str = setting(DEFAULT_WORKERS_ADDRESS, help="ZeroMQ address workers connect to.")
+    # The deployment's model list (protocol/model_config.py): models not loaded yet are listed,
+    # and answer 503 rather than 404; on-demand ones are started through the supervisor.
+    config_path: str | None = setting(None, flag="--config", file=True, must_exist=True, help="A kiln.toml ([[models]] tables, as kiln serve --config takes): list its models, answer 503 (not 404) for one whose workers are not up, load on-demand ones through kiln serve.")
+    # kiln serve's end of the control channel (protocol/control.py); never set by hand.
+    supervisor_fd: int | None = setting(None, min=0, help="Set by kiln serve: the socket on which the gateway asks it to start and stop on-demand models.")
+    load_timeout_s: float = setting(120.0, flag="--load-timeout", min=0, min_open=True, help="Seconds a request waits for an on-demand model to load before it gets 503 with Retry-After (the load goes on).")
     max_body_bytes: int = setting(32 << 20, min=1, help="Largest request body accepted; larger ones get 413.")
     heartbeat_timeout_s: float = setting(5.0, flag="--heartbeat-timeout", min=0, min_open=True, help="Seconds of worker silence before its requests are failed.")
     # Bounded waiting: how long a worker may take to send a request's first message (prefill,

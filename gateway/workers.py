@@ -47,6 +47,7 @@ from kiln.protocol import (
     decode,
     encode,
 )
+from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
 
 from . import routing
@@ -181,6 +182,8 @@ class WorkerHandle:
     others: int = 0  # requests the worker holds for other gateways, as of its last heartbeat
     inflight: set[str] = field(default_factory=set)
     routed: int = 0  # requests sent to this worker since it registered (for /metrics)
+    capabilities: Capabilities = field(default_factory=Capabilities)  # read once from Register.features
+    rss_bytes: int = 0  # resident memory, from its heartbeats (0: not reported)
 
     @property
     def names(self) -> set[str]:
@@ -258,6 +261,16 @@ class WorkerPool:
         # Every name (id or alias) a worker has registered -> its model id, kept after the worker
         # goes, so that a model whose worker is restarting answers 503 (retry) instead of 404.
         self._known: dict[str, str] = {}
+        # The last registration of each model id (bounded like _known), for listing a model that
+        # is not loaded now with what it reported when it was.
+        self._last: dict[str, WorkerHandle] = {}
+        # Names the deployment's config file lists (kiln-gateway --config): 503, never 404.
+        self._expected: set[str] = set()
+        # Workers being stopped (their model went idle): forgotten by routing, and nothing they
+        # send is answered, so they cannot register again before they exit. identity -> model.
+        self._retired: dict[bytes, str] = {}
+        # Requests waiting for a model id's first worker to register.
+        self._arrivals: dict[str, list[asyncio.Future[None]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -315,8 +328,62 @@ class WorkerPool:
         return None
 
     def known(self, name: str) -> bool:
-        """Whether ``name`` was served by some worker since the gateway started (bounded memory)."""
-        return name in self._known
+        """Whether ``name`` was served by some worker since the gateway started (bounded memory),
+        or is one the config file lists."""
+        return name in self._known or name in self._expected
+
+    def expect(self, names: Any) -> None:
+        """Names of models this deployment serves even while no worker of theirs is up."""
+        self._expected.update(names)
+
+    def handles(self, model: str) -> list[WorkerHandle]:
+        """The registered workers whose model id is ``model``."""
+        return [w for w in self.workers.values() if w.info.model == model]
+
+    def serves(self, model: str) -> bool:
+        return any(w.info.model == model for w in self.workers.values())
+
+    def inflight(self, model: str) -> int:
+        """Requests the workers of model id ``model`` hold now."""
+        return sum(len(w.inflight) for w in self.handles(model))
+
+    def last_registration(self, model: str) -> WorkerHandle | None:
+        """The handle of the last worker of ``model`` that registered (it may be gone since)."""
+        return self._last.get(model)
+
+    async def wait_for_model(self, model: str) -> None:
+        """Return once a worker whose model id is ``model`` is registered (bound it by the caller)."""
+        if self.serves(model):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._arrivals.setdefault(model, [])
+        waiters.append(future)
+        try:
+            await future
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._arrivals.pop(model, None)
+
+    def retire(self, model: str) -> None:
+        """Stop routing to ``model``'s workers, which are about to be stopped: they are forgotten
+        now, their requests (the caller checked there are none) fail, and what they send until
+        they exit is ignored."""
+        for identity, worker in list(self.workers.items()):
+            if worker.info.model == model:
+                del self.workers[identity]
+                self._retired[identity] = model
+                self._fail_inflight(worker, "the worker was stopped")
+        while len(self._retired) > BANNED_LIMIT:
+            self._retired.pop(next(iter(self._retired)))
+        if not self.workers:
+            self._registered.clear()
+
+    def forget_retired(self, model: str) -> None:
+        """``model``'s retired workers have exited."""
+        for identity in [i for i, m in self._retired.items() if m == model]:
+            del self._retired[identity]
 
     def require(self, name: str) -> str:
         """The served model id for ``name``; else 503 while it is known but has no live worker
@@ -333,12 +400,17 @@ class WorkerPool:
             )
         raise ApiError(404, f"The model '{name}' does not exist or is not served here.", code="model_not_found", param="model")
 
-    def _remember(self, info: Register) -> None:
+    def _remember(self, info: Register, handle: WorkerHandle | None = None) -> None:
         for name in (info.model, *info.aliases):
             self._known.pop(name, None)
             self._known[name] = info.model
         while len(self._known) > KNOWN_MODELS_LIMIT:
             self._known.pop(next(iter(self._known)))
+        if handle is not None:
+            self._last.pop(info.model, None)
+            self._last[info.model] = handle
+            while len(self._last) > KNOWN_MODELS_LIMIT:
+                self._last.pop(next(iter(self._last)))
 
     def context_window(self, model: str) -> int | None:
         for w in self.workers.values():
@@ -423,6 +495,8 @@ class WorkerPool:
                 log.exception("error handling %s", type(message).__name__)
 
     async def _dispatch(self, identity: bytes, message: Any) -> None:
+        if identity in self._retired:
+            return  # a worker being stopped: not asked to register again
         if isinstance(message, Register):
             await self._register(identity, message)
             return
@@ -438,6 +512,7 @@ class WorkerPool:
         if isinstance(message, Heartbeat):
             worker.active, worker.queued, worker.cache = _count(message.active), _count(message.queued), message.cache
             worker.others = _count(message.others)
+            worker.rss_bytes = _count(message.rss_bytes)
             await self._send(identity, self._welcome())  # so the worker knows this gateway is there
             return
         if isinstance(message, (Event, Done, Failed, TokenCount, Compacted)):
@@ -478,14 +553,18 @@ class WorkerPool:
             return
         if old is not None:
             self._fail_inflight(old, "the worker restarted")
-        self.workers[identity] = WorkerHandle(identity, message, time.monotonic())
-        self._remember(message)
+        handle = WorkerHandle(identity, message, time.monotonic(), capabilities=Capabilities.from_map(message.features))
+        self.workers[identity] = handle
+        self._remember(message, handle)
         log.info(
             "worker registered",
             extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},
         )
         await self._send(identity, self._welcome())
         self._registered.set()
+        for future in self._arrivals.get(message.model, []):
+            if not future.done():
+                future.set_result(None)
 
     def _welcome(self) -> Registered:
         """The answer to a known worker: with our heartbeat timeout, after which (without a word

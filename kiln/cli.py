@@ -45,7 +45,7 @@ def serve(**options: Any) -> None:
     count = own.workers
     served = None
     if own.config_path:
-        from .config import ConfigError, load_config
+        from kiln.protocol.model_config import ConfigError, load_config
 
         if worker.model or worker.model_alias:
             raise click.UsageError("--config names the models: drop --model/--model-alias")
@@ -73,13 +73,19 @@ def serve(**options: Any) -> None:
         worker_env = child_env(worker, base)
         # Workers share the cores: each gets its share of BLAS threads unless the user chose.
         worker_env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, count))))
+        on_demand: dict[str, list[tuple[str, list[str]]]] = {}
         if served is None:
             workers = [(f"worker-{i}", to_argv(worker)) for i in range(count)]
         else:
-            workers = [(f"worker-{m.id.replace('/', '_')}-{i}", to_argv(replace(worker, **m.worker_settings()))) for m in served for i in range(m.workers)]
+            # Each model's workers get its settings from the file on their command line (already
+            # checked here), not the file itself, so a restart runs what was checked.
+            specs = {m.id: [(f"worker-{m.id.replace('/', '_')}-{i}", to_argv(replace(worker, config_path=None, **m.worker_settings()))) for i in range(m.workers)] for m in served}
+            workers = [spec for m in served if not m.on_demand for spec in specs[m.id]]
+            on_demand = {m.id: specs[m.id] for m in served if m.on_demand}
         # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
-        click.echo(f"kiln: serving on http://{gateway.host}:{gateway.port}/v1 with {count} worker(s); Ctrl-C stops")
-        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port))
+        later = f" (+{sum(len(v) for v in on_demand.values())} on demand)" if on_demand else ""
+        click.echo(f"kiln: serving on http://{gateway.host}:{gateway.port}/v1 with {len(workers)} worker(s){later}; Ctrl-C stops")
+        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port), on_demand=on_demand)
         code = supervisor.run()
     finally:
         if runtime is not None:

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 from kiln.protocol.settings_fields import setting
 
-# Worker flags kiln serve sets itself: the workers connect to the gateway it started (and only
-# to it: they discover no others).
-DECIDED_FLAGS = ("--gateway", "--discover-redis")
+# Flags kiln serve sets itself: the workers connect to the gateway it started (and only to it:
+# they discover no others), and the gateway asks it for on-demand models over the control socket
+# it opens (protocol/control.py).
+DECIDED_FLAGS = ("--gateway", "--discover-redis", "--supervisor-fd")
 
 
 @dataclass(frozen=True)

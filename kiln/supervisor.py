@@ -8,6 +8,10 @@
 - Running: a worker that exits is restarted, backing off when it dies soon after starting; a
   gateway that exits is restarted too (the workers re-register with it), with a backoff and at most
   ``GATEWAY_RESTARTS`` restarts in ``GATEWAY_WINDOW_S``, after which ``kiln serve`` gives up.
+- On-demand models (``load = "on-demand"`` in the config): their workers start only when the
+  gateway asks (``StartModel`` on the control channel, kiln/control.py), are restarted like the
+  others while wanted (each exit reported as ``ModelExited``), and are stopped on ``StopModel``:
+  SIGTERM, SIGKILL after the grace period, then ``ModelStopped`` once every process is gone.
 - Stop: on SIGINT/SIGTERM the children's process groups get SIGTERM, then SIGKILL for any child
   that outlives the grace period. Each child runs in its own process group (a terminal's Ctrl-C
   reaches the supervisor alone, which stops them in order) and, on Linux, asks the kernel for
@@ -21,6 +25,7 @@ import ctypes
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -30,6 +35,10 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
+
+from kiln.protocol.control import ControlMessage, ModelExited, ModelStopped, StartModel, StopModel
+
+from .control import ControlEnd
 
 log = logging.getLogger("kiln.supervisor")
 
@@ -75,8 +84,9 @@ class Child:
     started_at: float = 0.0
     next_start: float = 0.0
 
-    def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, preexec_fn=_child_setup(os.getpid()))
+    def start(self, extra: list[str] | None = None, pass_fds: tuple[int, ...] = ()) -> None:
+        argv = [*self.argv, *(extra or [])]
+        self.process = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, pass_fds=pass_fds, preexec_fn=_child_setup(os.getpid()))
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
@@ -107,11 +117,24 @@ def _exit_status(code: int | None) -> int:
 
 
 @dataclass
+class OnDemandGroup:
+    """The workers of one on-demand model: started when the gateway asks, stopped when it says."""
+
+    model: str
+    workers: list[Child]
+    wanted: bool = False
+    stopping: bool = False
+    kill_at: float = 0.0  # while stopping: when the survivors get SIGKILL
+
+
+@dataclass
 class Supervisor:
     gateway: Child
-    workers: list[Child] = field(default_factory=list)
+    workers: list[Child] = field(default_factory=list)  # always running
     grace_s: float = 10.0
     health_url: str | None = None
+    on_demand: dict[str, OnDemandGroup] = field(default_factory=dict)
+    control: ControlEnd | None = None  # to the gateway, when there are on-demand models
     _stopping: bool = False
     _ready: bool = False  # every worker has registered once
     _gateway_up: bool = False  # the gateway has answered /health once
@@ -122,7 +145,7 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._request_stop)
-        self.gateway.start()
+        self._start_gateway()
         for worker in self.workers:
             worker.start()
         try:
@@ -132,12 +155,93 @@ class Supervisor:
                     code = self._tend_workers()
                 if code is not None:
                     return code
+                self._tend_on_demand()
                 if not self._ready:
                     self._probe()
-                time.sleep(0.2)
+                self._wait(0.2)
         finally:
             self._stop_all()
+            if self.control is not None:
+                self.control.close()
         return 0
+
+    def _start_gateway(self) -> None:
+        """Start the gateway, with a fresh control channel when there are on-demand models."""
+        if not self.on_demand:
+            self.gateway.start()
+            return
+        if self.control is not None:
+            self.control.close()
+        self.control = ControlEnd()
+        fd = self.control.child_fd
+        self.gateway.start(["--supervisor-fd", str(fd)], pass_fds=(fd,))
+        self.control.child_started()
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking for the gateway's control messages and handling them."""
+        if self.control is None:
+            time.sleep(seconds)
+            return
+        try:
+            readable, _, _ = select.select([self.control], [], [], seconds)
+        except (OSError, ValueError):  # closed under us
+            time.sleep(seconds)
+            return
+        if readable:
+            for message in self.control.receive():
+                self._on_message(message)
+
+    def _on_message(self, message: ControlMessage) -> None:
+        group = self.on_demand.get(getattr(message, "model", ""))
+        if group is None:
+            log.warning("the gateway asked about a model that is not on-demand", extra={"model": getattr(message, "model", None)})
+            return
+        if isinstance(message, StartModel):
+            group.wanted, group.stopping = True, False
+            for worker in group.workers:
+                worker.restarts, worker.next_start = 0, 0.0
+                if not worker.alive():  # one still exiting from a stop is restarted once it is gone
+                    worker.start()
+            log.info("started on-demand model", extra={"model": group.model})
+        elif isinstance(message, StopModel):
+            group.wanted, group.stopping = False, True
+            group.kill_at = time.monotonic() + self.grace_s
+            for worker in group.workers:
+                worker.next_start = 0.0
+                worker.signal_group(signal.SIGTERM)
+            log.info("stopping on-demand model", extra={"model": group.model})
+
+    def _tend_on_demand(self) -> None:
+        now = time.monotonic()
+        for group in self.on_demand.values():
+            if group.stopping:
+                alive = [w for w in group.workers if w.alive()]
+                if not alive:
+                    group.stopping = False
+                    self._tell(ModelStopped(group.model))
+                elif now >= group.kill_at:
+                    for worker in alive:
+                        worker.signal_group(signal.SIGKILL)
+                continue
+            if not group.wanted:
+                continue
+            for worker in group.workers:
+                if worker.process is None or worker.alive():
+                    continue
+                if worker.next_start == 0.0:
+                    self._tell(ModelExited(group.model, worker.code if worker.code is not None else -1))
+                    quick = now - worker.started_at < 30
+                    delay = min(30.0, 0.5 * (2 ** min(worker.restarts, 6))) if quick else 0.5
+                    worker.next_start = now + delay
+                    log.warning("worker exited; restarting", extra={"worker": worker.name, "code": worker.code, "in_s": delay})
+                elif now >= worker.next_start:
+                    worker.restarts += 1
+                    worker.next_start = 0.0
+                    worker.start()
+
+    def _tell(self, message: ControlMessage) -> None:
+        if self.control is not None:
+            self.control.send(message)
 
     def _probe(self, *, now: bool = False) -> None:
         """Ask the gateway which workers have registered; the start is over once all have."""
@@ -189,7 +293,7 @@ class Supervisor:
             self._gateway_restarts.append(now)
             gateway.restarts += 1
             gateway.next_start = 0.0
-            gateway.start()
+            self._start_gateway()
         return None
 
     def _tend_workers(self) -> int | None:
@@ -223,7 +327,8 @@ class Supervisor:
         self._stopping = True
 
     def _stop_all(self) -> None:
-        children = [c for c in [*self.workers, self.gateway] if c.process is not None]
+        on_demand = [w for g in self.on_demand.values() for w in g.workers]
+        children = [c for c in [*self.workers, *on_demand, self.gateway] if c.process is not None]
         for child in children:
             child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
@@ -247,9 +352,15 @@ def health_url(host: str, port: int) -> str:
 
 
 def build(*, gateway_args: list[str], gateway_env: dict[str, str] | None = None, workers: list[tuple[str, list[str]]],
-          worker_env: dict[str, str] | None = None, health_url: str) -> Supervisor:  # fmt: skip
-    """The supervisor of one gateway and its workers, each given as (name, kiln-worker argv)."""
+          worker_env: dict[str, str] | None = None, health_url: str,
+          on_demand: dict[str, list[tuple[str, list[str]]]] | None = None) -> Supervisor:  # fmt: skip
+    """The supervisor of one gateway and its workers, each given as (name, kiln-worker argv);
+    `on_demand`: model id -> its workers, started only when the gateway asks."""
     python = sys.executable
     gateway = Child("gateway", [python, "-m", "kiln.gateway", *gateway_args], gateway_env)
     children = [Child(name, [python, "-m", "kiln.worker", *argv], worker_env) for name, argv in workers]
-    return Supervisor(gateway, children, health_url=health_url)
+    groups = {
+        model: OnDemandGroup(model, [Child(name, [python, "-m", "kiln.worker", *argv], worker_env) for name, argv in specs])
+        for model, specs in (on_demand or {}).items()
+    }
+    return Supervisor(gateway, children, health_url=health_url, on_demand=groups)

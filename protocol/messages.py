@@ -33,6 +33,7 @@ class Register:
     queue_depth: int  # requests that may wait behind those
     version: int = PROTOCOL_VERSION
     pid: int = 0
+    # What the model can do (protocol/capabilities.py ``Capabilities.to_map()``).
     features: dict[str, Any] = field(default_factory=dict)
 
 
@@ -58,7 +59,8 @@ class Heartbeat:
     ``active`` and ``queued`` count the worker's whole scheduler, whichever gateway sent the work;
     ``others`` is how many requests the worker holds for gateways other than the one this
     heartbeat goes to, so that each gateway's view of the load is its own in-flight requests plus
-    ``others``.
+    ``others``. ``rss_bytes``: the worker's resident memory, which the gateway counts against a
+    host memory budget (0: not reported).
     """
 
     worker_id: str
@@ -66,6 +68,7 @@ class Heartbeat:
     queued: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
     others: int = 0
+    rss_bytes: int = 0
 
 
 @dataclass

@@ -35,7 +35,7 @@ def main(**options: Any) -> None:
     """Serve one model to one or more kiln-gateways."""
     from kiln.protocol.security import SecretError, load_secret
 
-    settings = from_options(WorkerSettings, options)
+    settings = from_config(from_options(WorkerSettings, options))
     try:  # checked before the model loads, which takes a while
         secret = load_secret(settings.worker_secret, settings.worker_secret_file)
     except SecretError as exc:
@@ -65,6 +65,25 @@ def main(**options: Any) -> None:
         server.service.scheduler.stop()
 
 
+def from_config(settings: WorkerSettings) -> WorkerSettings:
+    """With ``--config``, the settings of the model ``--model-id`` names in that file (its source,
+    aliases, window, batch, cache and tool parser) over the rest, as ``kiln serve --config`` gives
+    them to that model's workers: one file for every process of a deployment."""
+    if settings.config_path is None:
+        return settings
+    from kiln.protocol.model_config import ConfigError, load_config
+
+    if settings.model or settings.model_alias:
+        raise click.UsageError("--config names the model's source and aliases: drop --model/--model-alias")
+    if not settings.model_id:
+        raise click.UsageError("--config needs --model-id: the id of the [[models]] entry this worker serves")
+    try:
+        model = load_config(settings.config_path).model(settings.model_id)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config")
+    return replace(settings, config_path=None, **model.worker_settings())
+
+
 _LAYOUTS = {"auto": None, "stock": False, "input-major": True}
 
 
@@ -72,31 +91,34 @@ def build_server(settings: WorkerSettings):
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
 
+    from .capabilities import describe
+    from .setup import Constraints, model_extras
+
     if settings.engine == "scripted":
         from .scripted import ByteTokenizer, ScriptedScheduler
 
+        time.sleep(settings.scripted_load_delay)  # a slow load, for tests of bounded waits
         tokenizer = ByteTokenizer()
         scheduler = ScriptedScheduler(settings.scripted_reply, delay_s=settings.scripted_delay, capacity=settings.max_batch, queue_depth=settings.queue_depth)
-        from .setup import model_extras
-
-        model_id, aliases, window = "kiln-scripted", list(settings.model_alias), 8192
-        extras = model_extras(tokenizer, settings.tool_parser)
+        model_id = settings.model_id or "kiln-scripted"
+        aliases, window = list(settings.model_alias), settings.context_length or 8192
+        constraints = Constraints(tokenizer)
     else:
         from .engine.scheduler import Scheduler
         from .loading import load_model
-        from .setup import model_extras
 
         started = time.monotonic()
         loaded = load_model(settings.model, weights=settings.weights)
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
+        constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
         scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout])
         model_id = settings.model_id or loaded.model_id
         aliases = sorted(set(loaded.aliases) | set(settings.model_alias) | {loaded.model_id, model_id})
         window = loaded.context_window
         if settings.context_length:
             window = min(window, settings.context_length)
-        extras = model_extras(tokenizer, settings.tool_parser)
+    extras = model_extras(tokenizer, settings.tool_parser, constraints)
     scheduler.start()
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
@@ -105,4 +127,5 @@ def build_server(settings: WorkerSettings):
         from .discovery import RedisDiscovery
 
         discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
-    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, secret=settings.worker_secret, discovery=discovery)
+    features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery)

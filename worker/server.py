@@ -56,6 +56,8 @@ from kiln.protocol import (
 )
 from kiln.protocol.security import secure_worker_socket
 
+from .memory import resident_bytes
+
 log = logging.getLogger("kiln.worker.server")
 
 # The messages that end a request: after one, the link no longer holds it.
@@ -318,10 +320,11 @@ class WorkerServer:
     def _beat(self) -> None:
         stats = self.service.stats()
         held = sum(len(link.requests) for link in self._links.values())
+        rss = resident_bytes()
         for link in self._links.values():
             if link.registered:
                 others = held - len(link.requests)
-                link.send(encode(Heartbeat(self.worker_id, stats.get("active", 0), stats.get("queued", 0), stats, others)))
+                link.send(encode(Heartbeat(self.worker_id, stats.get("active", 0), stats.get("queued", 0), stats, others, rss)))
 
     def _handle(self, message: Any, emit: Callable[[Any], None]) -> None:
         """Pass one message to the service, which only queues work, so this returns at once.

@@ -15,8 +15,10 @@ from .prompt import RenderOptions, function_tools
 log = logging.getLogger("kiln.worker.setup")
 
 
-def model_extras(tokenizer: Any, tool_parser: str | None) -> dict[str, Any]:
-    """Keyword arguments for GenerationService that depend on the loaded model (and --tool-parser)."""
+def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constraints | None" = None) -> dict[str, Any]:
+    """Keyword arguments for GenerationService that depend on the loaded model (and --tool-parser).
+
+    ``constraints``: the model's grammar compiler, when the caller started building it earlier."""
     template = getattr(tokenizer, "chat_template", None) or ""
     takes_tools = template_supports_tools(template)
     override = tool_parser
@@ -36,7 +38,7 @@ def model_extras(tokenizer: Any, tool_parser: str | None) -> dict[str, Any]:
         chosen = "hermes" if forced_choice(tools, choice) else override
         return make_router(prompt_text, tools=tools, tool_choice=choice, parser_factory=partial(_parser, template, chosen))
 
-    constraints = Constraints(tokenizer)
+    constraints = constraints or Constraints(tokenizer)
     return {
         "render_options": RenderOptions(template_takes_tools=takes_tools),
         "router_factory": router_factory,
@@ -69,6 +71,11 @@ class Constraints:
             self._error = exc
         finally:
             self._ready.set()
+
+    def available(self, timeout: float) -> bool:
+        """Whether structured output works for this tokenizer: the compiler was built (waiting up
+        to `timeout` seconds for it)."""
+        return self._ready.wait(timeout) and self._error is None
 
     def compiler(self) -> Any:
         self._ready.wait()

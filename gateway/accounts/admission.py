@@ -101,10 +101,11 @@ def _reservation_tokens(body: Mapping[str, Any], window: int) -> tuple[int, int]
     return inp, min(out, window)
 
 
-async def admit(accounts: Accounts, *, principal: Principal, generation_id: str, body: Mapping[str, Any], pool: Any, reserve: bool = True, slot: Slot | None = None) -> HostedTicket:
+async def admit(accounts: Accounts, *, principal: Principal, generation_id: str, body: Mapping[str, Any], pool: Any, reserve: bool = True, slot: Slot | None = None, loader: Any = None) -> HostedTicket:
     """Admit a metered request (raises the contract's ApiError) and reserve its worst-case cost.
 
-    ``reserve=False`` (token counting) checks the balance without reserving and writes no row."""
+    ``reserve=False`` (token counting) checks the balance without reserving and writes no row.
+    ``loader`` (gateway/ondemand.py) loads an on-demand model once the key may use it."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "Missing required parameter: 'model'.", code="missing_required_parameter", param="model")
@@ -116,6 +117,8 @@ async def admit(accounts: Accounts, *, principal: Principal, generation_id: str,
     assert accounts.meter is not None
     if principal.allowed_models is not None and model not in principal.allowed_models:
         raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
+    if loader is not None:
+        await loader.ensure(model)
     if accounts.catalog is not None:
         # A catalog model without a live worker is the backend's absence, not the client's error.
         served = pool.resolve(model)

@@ -1,4 +1,5 @@
-"""``GET /health``: ready once at least one worker is registered."""
+"""``GET /health``: ready once at least one worker is registered, or, under ``kiln serve`` with
+on-demand models, as soon as it can start them (there is nothing to wait for before a request)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from starlette.responses import JSONResponse, Response
 async def health(request: Request) -> Response:
     pool = request.app.state.pool
     workers = [
-        {"id": w.info.worker_id, "model": w.info.model, "active": w.active, "queued": w.queued, "cache": w.cache}
+        {"id": w.info.worker_id, "model": w.info.model, "pid": w.info.pid, "rss_bytes": w.rss_bytes, "active": w.active, "queued": w.queued, "cache": w.cache}
         for w in pool.workers.values()
     ]
-    status = 200 if workers else 503
+    ready = bool(workers) or request.app.state.loader.can_load
+    status = 200 if ready else 503
     # With --store redis the figures are the deployment's, and a Redis that is down shows as
     # "available": false without failing the check: requests that need no store still work.
     stores = await request.app.state.responses.stats()
-    return JSONResponse({"status": "ok" if workers else "no_workers", "workers": workers, "stores": stores}, status_code=status)
+    return JSONResponse({"status": "ok" if ready else "no_workers", "workers": workers, "stores": stores}, status_code=status)

@@ -224,7 +224,9 @@ class Session:
         """An HTTP create's admission, per turn: in hosted mode the organization's slot is taken
         here and freed when the turn settles, and the turn gets its own generation id."""
         accounts = self.ws.app.state.accounts
+        loader = self.ws.app.state.loader
         if accounts is None:
+            await loader.ensure(raw.get("model"))
             return OpenTicket()
         from ..accounts.admission import admit as hosted_admit
         from ..accounts.metering import new_generation_id
@@ -237,7 +239,7 @@ class Session:
         except Exception as exc:  # Redis down
             raise accounts_unavailable(exc) from None
         try:
-            return await hosted_admit(accounts, principal=principal, generation_id=new_generation_id(), body=raw, pool=self.ws.app.state.pool, slot=slot)
+            return await hosted_admit(accounts, principal=principal, generation_id=new_generation_id(), body=raw, pool=self.ws.app.state.pool, slot=slot, loader=loader)
         except BaseException as exc:
             await slot.release()
             if isinstance(exc, Exception) and not isinstance(exc, ApiError):

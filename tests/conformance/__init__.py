@@ -110,3 +110,33 @@ def assert_api_object(ref: str, obj: Any) -> None:
 def assert_component(obj: Any, ref: str) -> None:
     """``obj`` conforms to ``$defs/<ref>`` of the whole-API bundle, e.g. CreateChatCompletionResponse."""
     assert_api_object(ref, obj)
+
+
+# Neither bundle has the Model object (GET /v1/models is outside the Responses extract). OpenAI's
+# API reference defines it as these four fields, all required, with no closed property list, so
+# the fields Kiln adds (docs/api.md#models) keep it valid; written out here as the reference says.
+MODEL_SCHEMA = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
+MODEL_LIST_SCHEMA = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL_SCHEMA}},
+}
+
+
+def assert_model(obj: Any) -> None:
+    """One model object of ``GET /v1/models/{model}``."""
+    jsonschema.validate(obj, MODEL_SCHEMA)
+
+
+def assert_model_list(obj: Any) -> None:
+    """The body of ``GET /v1/models``."""
+    jsonschema.validate(obj, MODEL_LIST_SCHEMA)

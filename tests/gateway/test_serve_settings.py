@@ -15,7 +15,7 @@ from kiln.cli import main as kiln_main
 from kiln.gateway.cli import main as gateway_main
 from kiln.gateway.settings import Settings
 from kiln.protocol.settings_fields import env_names, from_options
-from kiln.settings import ServeSettings
+from kiln.settings import DECIDED_FLAGS, ServeSettings
 from kiln.worker.cli import main as worker_main
 from kiln.worker.settings import WorkerSettings
 
@@ -52,7 +52,7 @@ def test_every_daemon_flag_is_a_serve_flag():
     serve_flags = {opt for p in kiln_main.commands["serve"].params for opt in p.opts}
     for command in (gateway_main, worker_main):
         flags = {opt for p in command.params for opt in p.opts if opt not in ("-h", "--help")}
-        assert flags - serve_flags <= {"--gateway"}
+        assert flags - serve_flags <= set(DECIDED_FLAGS)
 
 
 def test_flags_and_variables_reach_the_right_child(monkeypatch, tmp_path):
@@ -75,7 +75,7 @@ def test_flags_and_variables_reach_the_right_child(monkeypatch, tmp_path):
     for _, argv in call.workers:
         worker = child_settings(monkeypatch, worker_main, WorkerSettings, argv, call.worker_env)
         assert (worker.max_batch, worker.model_alias, worker.engine, worker.log_level) == (3, ("a", "b c"), "scripted", "info")
-        assert worker.gateway == gateway.workers_bind and worker.worker_secret == gateway.worker_secret is not None
+        assert worker.gateway == (gateway.workers_bind,) and worker.worker_secret == gateway.worker_secret is not None
     assert "KILN_DATABASE_URL" not in call.worker_env and "KILN_ADMIN_TOKEN" not in call.worker_env
     assert call.health_url == "http://127.0.0.1:18123/health"
 
@@ -88,7 +88,7 @@ def test_each_configured_model_gets_its_own_worker_settings(monkeypatch, tmp_pat
     got = {name: child_settings(monkeypatch, worker_main, WorkerSettings, argv, call.worker_env) for name, argv in call.workers}
     assert sorted(got) == ["worker-b-0", "worker-m_a-0", "worker-m_a-1"]
     a, b = got["worker-m_a-0"], got["worker-b-0"]
-    assert (a.model, a.model_id, a.max_batch, a.gateway) == ("x", "m/a", 2, "tcp://127.0.0.1:18124")
+    assert (a.model, a.model_id, a.max_batch, a.gateway) == ("x", "m/a", 2, ("tcp://127.0.0.1:18124",))
     assert (b.model, b.model_id, b.model_alias, b.context_length, b.max_batch) == ("y", "b", ("bee",), 512, 6)
 
 
@@ -101,3 +101,19 @@ def test_each_configured_model_gets_its_own_worker_settings(monkeypatch, tmp_pat
 def test_bad_settings_stop_serve_before_anything_starts(monkeypatch, args, names):
     call, output = serve(monkeypatch, args)
     assert call is None and names in output
+
+
+def test_config_models_reach_their_workers_and_the_gateway_reads_the_file(monkeypatch, tmp_path):
+    config = tmp_path / "kiln.toml"
+    config.write_text('[[models]]\nid = "a"\nsource = "x.gguf"\nmax_batch = 3\n'
+                      '[[models]]\nid = "b"\nsource = "y.gguf"\naliases = ["bee"]\nload = "on-demand"\nworkers = 2\n')  # fmt: skip
+    call, output = serve(monkeypatch, ["--config", str(config), "--max-batch", "5"])
+    assert call is not None, output
+    gateway = child_settings(monkeypatch, gateway_main, Settings, call.gateway_args, call.gateway_env)
+    assert gateway.config_path == str(config) and gateway.supervisor_fd is None  # the supervisor adds it per start
+    assert [name for name, _ in call.workers] == ["worker-a-0"]
+    assert list(call.on_demand) == ["b"] and [name for name, _ in call.on_demand["b"]] == ["worker-b-0", "worker-b-1"]
+    a = child_settings(monkeypatch, worker_main, WorkerSettings, call.workers[0][1], call.worker_env)
+    b = child_settings(monkeypatch, worker_main, WorkerSettings, call.on_demand["b"][0][1], call.worker_env)
+    assert (a.model_id, a.model, a.max_batch, a.config_path) == ("a", "x.gguf", 3, None)
+    assert (b.model_id, b.model, b.model_alias, b.max_batch) == ("b", "y.gguf", ("bee",), 5)

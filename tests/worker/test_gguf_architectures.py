@@ -5,6 +5,7 @@ tools turn; a tensor type Kiln cannot read fails the load with the tensor's and 
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from kiln.worker.loading import load_model
 from kiln.worker.loading.gguf import UnsupportedModelError
 
-from .tiny_gguf import CONFIGS, write_pair
+from .tiny_gguf import CONFIGS, greedy, write_pair
 
 # (case, quantization): every architecture, every type llama.cpp users download, K-quants twice.
 CASES = [
@@ -27,7 +28,6 @@ CASES = [
     ("gemma3", "K"),
     ("gemma3", "F32"),
 ]
-PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +36,6 @@ def tokenizer_md(gguf_path):
 
     _, md = mx.load(str(gguf_path), return_metadata=True)
     return md
-
-
-def _greedy(loaded, n: int = 8) -> tuple[list[int], np.ndarray]:
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-    from mlx_lm.sample_utils import make_sampler
-
-    tok = loaded.tokenizer
-    prompt = mx.array(tok.encode(tok.apply_chat_template(PROMPT)))
-    first_logits = np.array(loaded.model(prompt[None])[0, -1].astype(mx.float32))
-    ids = [int(t) for t, _ in generate_step(prompt, loaded.model, max_tokens=n, sampler=make_sampler(0.0))]
-    return ids, first_logits
 
 
 @pytest.mark.parametrize(("case", "quant"), CASES, ids=[f"{c}-{q}" for c, q in CASES])
@@ -60,8 +48,8 @@ def test_gguf_matches_mlx_folder(tmp_path, tokenizer_md, case, quant, caplog):
     expected_arch = {"mistral": "llama"}.get(case, case)
     assert from_gguf.info.architecture == expected_arch
     assert from_gguf.context_window == CONFIGS[case].get("max_position_embeddings", 8192)
-    ids_gguf, logits_gguf = _greedy(from_gguf)
-    ids_folder, logits_folder = _greedy(from_folder)
+    ids_gguf, logits_gguf = greedy(from_gguf)
+    ids_folder, logits_folder = greedy(from_folder)
     np.testing.assert_allclose(logits_gguf, logits_folder, rtol=1e-3, atol=1e-3)
     assert ids_gguf == ids_folder
     # The native CPU decode step takes only the llama-family blocks it checks itself against mlx.
@@ -70,11 +58,15 @@ def test_gguf_matches_mlx_folder(tmp_path, tokenizer_md, case, quant, caplog):
     if expected_arch not in ("llama", "qwen2", "qwen3"):
         assert NativeDecoder.build(from_gguf.model) is None
     if quant == "K":
-        # K-quants have no mlx layout: the load says what they became.
-        assert "dequantized" in caplog.text and "Q4_K" in caplog.text
+        # Q4_K/Q5_K repack into mlx's affine layout, Q6_K has none (groups of 16): the load says so.
+        assert re.search(r"Q4_K x \d+ -> affine 4-bit g32 \(scales and mins rounded to float16\)", caplog.text)
+        assert re.search(r"Q6_K x \d+ -> float16 \(dequantized", caplog.text)
         conversions = from_gguf.info.extra["conversions"]
-        assert conversions == {"Q4_K": "float16", "Q5_K": "float16", "Q6_K": "float16"}  # Q8_0 stays 8-bit
+        assert conversions == {"Q4_K": "affine 4-bit g32", "Q5_K": "affine 5-bit g32", "Q6_K": "float16", "Q8_0": "affine 8-bit g32"}
         assert from_gguf.info.quantization == "gguf:Q4_K_M"
+        # mlx's own quantized path (the GPU's; here mlx's CPU kernels) decodes the same tokens.
+        native = load_model(str(gguf_file), weights="native")
+        assert greedy(native)[0] == ids_folder
 
 
 @pytest.mark.parametrize("case", sorted(CONFIGS))
@@ -105,8 +97,25 @@ def test_unsupported_tensor_type_fails_with_its_name(tmp_path, tokenizer_md, cas
         load_model(str(bad))
 
 
-def test_sentencepiece_vocabulary_is_refused_by_name(tmp_path, tokenizer_md):
-    # Gemma's and older Mistral/Phi-3 GGUFs carry SentencePiece vocabularies: not rebuilt yet.
-    gguf_file, _ = write_pair("gemma2", "Q8_0", tokenizer_md, tmp_path, tokenizer_model="llama")
-    with pytest.raises(UnsupportedModelError, match="tokenizer model 'llama' is not supported"):
+def test_unknown_tokenizer_model_is_refused_by_name(tmp_path, tokenizer_md):
+    # llama.cpp's "t5" (Unigram) and "bert" (WordPiece) vocabularies are not rebuilt.
+    gguf_file, _ = write_pair("gemma2", "Q8_0", tokenizer_md, tmp_path, tokenizer_model="t5")
+    with pytest.raises(UnsupportedModelError, match="tokenizer model 't5' is not supported"):
         load_model(str(gguf_file))
+
+
+def test_q4_k_model_decodes_through_the_native_cpu_kernel(tmp_path, tokenizer_md):
+    """Every matrix Q4_K (256 wide): the CPU worker keeps the repacked 4-bit weights for its
+    native decode step, which checks itself against mlx, and generates the folder's tokens."""
+    from kiln.worker.engine.native_decode import NativeDecoder
+    from kiln.worker.loading.device import on_cpu
+
+    from gguf import GGMLQuantizationType as Q
+
+    cfg = dict(CONFIGS["llama"], hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    gguf_file, folder = write_pair("llama", "K", tokenizer_md, tmp_path, config=cfg, k_types=(Q.Q4_K,))
+    loaded = load_model(str(gguf_file))
+    assert loaded.info.extra["conversions"] == {"Q4_K": "affine 4-bit g32"}
+    if on_cpu():
+        assert NativeDecoder.build(loaded.model) is not None
+    assert greedy(loaded)[0] == greedy(load_model(str(folder)))[0]

@@ -61,7 +61,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 GGUF_ARCH = {"mistral": "llama"}
 
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "K": 15}  # K: like Q4_K_M
-_K_BLOCK = {Q.Q4_K: (144, 0), Q.Q5_K: (176, 0), Q.Q6_K: (210, 208)}  # bytes per block, offset of d
+# Where the float16 super-block scales (d, and dmin where there is one) sit in each K block.
+K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q3_K: (108,), Q.Q2_K: (80, 82)}
 
 
 def _hyper(writer: GGUFWriter, arch: str, cfg: Mapping[str, Any], vocab: int) -> None:
@@ -91,15 +92,30 @@ def _hyper(writer: GGUFWriter, arch: str, cfg: Mapping[str, Any], vocab: int) ->
         writer.add_uint32(f"{a}.attention.sliding_window", cfg["sliding_window"])
 
 
-def _tokenizer(writer: GGUFWriter, md: Mapping[str, Any]) -> None:
+def _value(v: Any) -> Any:
+    # mx.load gives 0-d / 1-d mx.arrays; the tiny SentencePiece metadata gives numpy or plain values.
+    return v.tolist() if hasattr(v, "tolist") else v
+
+
+def _tokenizer(writer: GGUFWriter, md: Mapping[str, Any], chat_template: str) -> None:
     writer.add_tokenizer_model(str(md["tokenizer.ggml.model"]))
-    writer.add_tokenizer_pre(str(md["tokenizer.ggml.pre"]))
+    writer.add_tokenizer_pre(str(md.get("tokenizer.ggml.pre", "default")))
     writer.add_token_list(list(md["tokenizer.ggml.tokens"]))
-    writer.add_token_types([int(t) for t in md["tokenizer.ggml.token_type"].tolist()])
-    writer.add_token_merges(list(md["tokenizer.ggml.merges"]))
-    writer.add_bos_token_id(int(md["tokenizer.ggml.bos_token_id"].item()))
-    writer.add_eos_token_id(int(md["tokenizer.ggml.eos_token_id"].item()))
-    writer.add_chat_template(TOOLS_TEMPLATE)
+    writer.add_token_types([int(t) for t in _value(md["tokenizer.ggml.token_type"])])
+    if "tokenizer.ggml.merges" in md:
+        writer.add_token_merges(list(md["tokenizer.ggml.merges"]))
+    if "tokenizer.ggml.scores" in md:
+        writer.add_token_scores([float(s) for s in _value(md["tokenizer.ggml.scores"])])
+    if "tokenizer.ggml.add_space_prefix" in md:
+        writer.add_add_space_prefix(bool(_value(md["tokenizer.ggml.add_space_prefix"])))
+    for key, add in (("add_bos_token", writer.add_add_bos_token), ("add_eos_token", writer.add_add_eos_token)):
+        if f"tokenizer.ggml.{key}" in md:
+            add(bool(_value(md[f"tokenizer.ggml.{key}"])))
+    writer.add_bos_token_id(int(_value(md["tokenizer.ggml.bos_token_id"])))
+    writer.add_eos_token_id(int(_value(md["tokenizer.ggml.eos_token_id"])))
+    if "tokenizer.ggml.unknown_token_id" in md:
+        writer.add_unk_token_id(int(_value(md["tokenizer.ggml.unknown_token_id"])))
+    writer.add_chat_template(chat_template)
 
 
 def _inverse_names(arch: str) -> dict[str, str]:
@@ -116,19 +132,28 @@ def _gguf_name(name: str, block: Mapping[str, str], top: Mapping[str, str]) -> s
     return f"{top[module]}.{kind}"
 
 
-def _k_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: Q) -> np.ndarray:
-    """Random valid K-quant blocks (small positive super-block scales)."""
-    size, d_at = _K_BLOCK[qtype]
-    n_blocks = shape[-1] // 256
+def k_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: Q, scale: float | None = None) -> np.ndarray:
+    """Random valid K-quant blocks (gguf-py cannot encode K-quants) for a tensor of `shape`.
+
+    Every byte is random but the float16 super-block scales: `scale` (and half of it for the
+    minimum's) when given, else random positive values from 2^-16 to 2^-6, float16 subnormals
+    included, so that d * sc is rarely a float16 itself.
+    """
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    n_blocks = shape[-1] // block
     blocks = rng.integers(0, 256, size=(*shape[:-1], n_blocks, size), dtype=np.uint8)
-    d = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
-    blocks[..., d_at : d_at + 2] = d
-    if d_at == 0:  # Q4_K / Q5_K: dmin too
-        blocks[..., 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+    for k, at in enumerate(K_SCALE_FIELDS[qtype]):
+        if scale is None:
+            values = np.exp2(rng.uniform(-16, -6, size=blocks.shape[:-1])).astype(np.float16)
+        else:
+            values = np.full(blocks.shape[:-1], scale / (1 + k), np.float16)
+        blocks[..., at : at + 2] = values[..., None].view(np.uint8)
     return blocks.reshape(*shape[:-1], n_blocks * size)
 
 
-def _encode(rng, name: str, w: np.ndarray, quant: str) -> tuple[np.ndarray, Q | None]:
+def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...]) -> tuple[np.ndarray, Q | None]:
     """The stored bytes (or floats) of one tensor and its GGML type (None: plain F32)."""
     is_matrix = w.ndim >= 2 and not name.endswith("norm.weight")
     if not is_matrix or quant == "F32":
@@ -138,8 +163,10 @@ def _encode(rng, name: str, w: np.ndarray, quant: str) -> tuple[np.ndarray, Q | 
     if quant == "K":  # like Q4_K_M: K blocks where rows are 256 wide, else Q8_0
         if w.shape[-1] % 256 == 0:
             layer = int(name.split(".")[2]) if name.startswith("model.layers.") else 0
-            qtype = (Q.Q4_K, Q.Q6_K, Q.Q5_K)[layer % 3]
-            return _k_blocks(rng, w.shape, qtype), qtype
+            qtype = k_types[layer % len(k_types)]
+            # Power-of-two super-block scales: d * sc and dmin * m are float16 themselves, so
+            # Kiln's repack holds exactly gguf-py's values (test_gguf_quants checks the rest).
+            return k_blocks(rng, w.shape, qtype, scale=2.0**-9), qtype
         qtype = Q.Q8_0
     else:
         qtype = Q[quant]
@@ -148,17 +175,22 @@ def _encode(rng, name: str, w: np.ndarray, quant: str) -> tuple[np.ndarray, Q | 
 
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
                config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
-               tokenizer_model: str | None = None) -> tuple[Path, Path]:  # fmt: skip
+               tokenizer_model: str | None = None, chat_template: str | None = None,
+               k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K)) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
+    `tokenizer_md` holds `tokenizer.*` keys as mx.load or tiny_spm gives them.
     `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
-    `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one).
+    `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one);
+    `chat_template` replaces the GGUF's (a tools-rendering ChatML one by default);
+    `k_types` are the K types quant "K" cycles through, one per layer.
     """
     import importlib
 
     from mlx.utils import tree_flatten
 
     arch = GGUF_ARCH.get(case, case)
+    template = chat_template or TOOLS_TEMPLATE
     cfg = dict(config or CONFIGS[case])
     if quant == "K":  # K blocks are 256 wide: make ffn_down that wide, one layer per K type
         cfg.update(intermediate_size=256, num_hidden_layers=max(3, cfg["num_hidden_layers"]))
@@ -178,19 +210,19 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     writer.add_name(f"tiny-{case}")
     writer.add_file_type(_FILE_TYPE[quant])
     _hyper(writer, arch, cfg, vocab)
-    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})})
+    _tokenizer(writer, {**tokenizer_md, **({"tokenizer.ggml.model": tokenizer_model} if tokenizer_model else {})}, template)
     folder_weights: dict[str, mx.array] = {}
     for name, w in sorted(params.items()):
         if name.endswith("norm.weight"):
             w = (1.0 + 0.1 * rng.standard_normal(w.shape)).astype(np.float32)
         else:
             w = (0.08 * rng.standard_normal(w.shape)).astype(np.float32)
-        stored, qtype = _encode(rng, name, w, quant)
+        stored, qtype = _encode(rng, name, w, quant, k_types)
         if qtype is None:
             decoded = stored.astype(np.float32)
         else:
             decoded = quants.dequantize(stored, qtype).astype(np.float32)
-            if qtype in _K_BLOCK:  # what Kiln serves a K-quant as: float16
+            if qtype == Q.Q6_K:  # what Kiln serves Q6_K as: float16
                 decoded = decoded.astype(np.float16).astype(np.float32)
         folder_weights[name] = mx.array(decoded)
         on_disk = stored + gemma if gemma and name.endswith("norm.weight") else stored
@@ -209,9 +241,26 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     mx.save_safetensors(str(folder / "model.safetensors"), folder_weights)
     from kiln.worker.loading.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_gguf_metadata(tokenizer_md)
+    tok = Tokenizer.from_gguf_metadata({**tokenizer_md, "general.name": f"tiny-{case}"})
     tok.hf_tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TOOLS_TEMPLATE,
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False}))  # fmt: skip
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
+        "bos_token": tok.id_to_token(int(_value(tokenizer_md["tokenizer.ggml.bos_token_id"]))),
+        "eos_token": tok.id_to_token(int(_value(tokenizer_md["tokenizer.ggml.eos_token_id"]))),
+        "add_bos_token": False}))  # fmt: skip
     return out / f"{case}-{quant}.gguf", folder
+
+
+PROMPT = [{"role": "user", "content": "Name three colours."}]
+
+
+def greedy(loaded, n: int = 8, messages: list[dict[str, Any]] = PROMPT) -> tuple[list[int], np.ndarray]:
+    """`n` greedy tokens after the chat-rendered `messages`, and the first step's logits."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    tok = loaded.tokenizer
+    prompt = mx.array(tok.encode(tok.apply_chat_template(messages)))
+    first_logits = np.array(loaded.model(prompt[None])[0, -1].astype(mx.float32))
+    ids = [int(t) for t, _ in generate_step(prompt, loaded.model, max_tokens=n, sampler=make_sampler(0.0))]
+    return ids, first_logits

@@ -1,7 +1,7 @@
 """Load a GGUF file into the matching mlx-lm model class.
 
-`gguf_read.read_gguf` gives the tensors (Q4_0/Q4_1/Q8_0 in mlx's quantized
-layout, K-quants dequantized to float16) and metadata; `gguf_arch` says which
+`gguf_read.read_gguf` gives the tensors (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K in
+mlx's affine quantized layout, Q6_K/Q3_K/Q2_K dequantized to float16) and metadata; `gguf_arch` says which
 mlx-lm class, arguments and tensor names each architecture uses. Loading is then
 renaming tensors, undoing the converter's weight changes, and quantizing exactly
 the modules the file stored quantized, each with the bits/group size its tensors
@@ -159,9 +159,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, Tokenizer, ModelInfo]:
         raise UnsupportedModelError(f"{path.name}: {exc}") from exc
     file_type = scalar(md, "general.file_type")
     stored = contents.describe()
-    if contents.conversions:
-        log.info("%s: %s (mlx has no layout for %s: dequantized)", path.name, stored,
-                 ", ".join(sorted(contents.conversions)))  # fmt: skip
+    log.info("%s: tensors %s", path.name, stored)
     info = ModelInfo(
         architecture=arch.name,
         name=md.get("general.name"),

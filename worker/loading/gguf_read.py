@@ -6,10 +6,9 @@ path and what the bundled model takes. It cannot read the K-quants (Q4_K, Q5_K,
 Q6_K, ...) that most downloaded GGUFs use (Q4_K_M mixes Q4_K and Q6_K), and it fails
 the whole file on one such tensor. So the types are looked at first (cheaply,
 `gguf_header` reads only the header), and a file with any type mlx cannot read is read
-through `gguf` instead: Q4_0/Q4_1/Q8_0 tensors are repacked losslessly
-into mlx's affine layout (as mx.load would), and every other quantized tensor is
-dequantized with the reference `gguf.quants.dequantize` to float16, the nearest
-dense layout mlx has; the conversion is reported so the load can say what was done.
+through numpy instead: each tensor is repacked into mlx's affine layout where its type
+has an exact match, else dequantized (`gguf_quants` says which type becomes what, and
+how exactly); what each type became is reported so that the load can say it.
 
 A tensor type neither path knows fails the load with the tensor's and type's name.
 """
@@ -24,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from . import gguf_quants
 from .gguf_header import GGUFHeader, TensorInfo, read_header
 
 
@@ -31,11 +31,10 @@ class UnsupportedTensorError(ValueError):
     """A tensor is stored in a GGML type this loader cannot read."""
 
 
-# Types mx.load reads itself (the last three into mlx's affine 4/8-bit layout).
+# Types mx.load reads itself (the last three into mlx's affine 4/8-bit layout, as
+# gguf_quants.repack would).
 MX_NATIVE_TYPES = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
-# Types read through gguf-py and dequantized to float16 (float32 kept as is).
-DEQUANTIZED_TYPES = frozenset({"BF16", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q2_K", "Q3_K"})
-SUPPORTED_TYPES = MX_NATIVE_TYPES | DEQUANTIZED_TYPES
+SUPPORTED_TYPES = gguf_quants.SUPPORTED
 
 
 @dataclass
@@ -45,14 +44,19 @@ class GGUFContents:
     tensors: dict[str, mx.array]
     metadata: dict[str, Any]
     types: Counter = field(default_factory=Counter)  # GGML type name -> tensor count
-    conversions: dict[str, str] = field(default_factory=dict)  # stored type -> what it became
+
+    @property
+    def conversions(self) -> dict[str, str]:
+        """Stored quantized type -> what it became, e.g. {"Q4_K": "affine 4-bit g32", "Q6_K": "float16"}."""
+        return {name: gguf_quants.layout(name).became for name in sorted(self.types) if name not in gguf_quants.DENSE}
 
     def describe(self) -> str:
-        """One line for the load log: e.g. 'Q4_K x 70 -> float16, Q6_K x 15 -> float16, F32 x 29'."""
+        """One line for the load log, e.g. 'F32 x 29, Q4_K x 70 -> affine 4-bit g32 (scales and
+        mins rounded to float16), Q6_K x 15 -> float16 (dequantized: ...)'."""
         parts = []
         for name, count in sorted(self.types.items()):
-            became = self.conversions.get(name)
-            parts.append(f"{name} x {count}" + (f" -> {became}" if became else ""))
+            became = gguf_quants.layout(name)
+            parts.append(f"{name} x {count}" + ("" if name in gguf_quants.DENSE else f" -> {became.describe()}"))
         return ", ".join(parts)
 
 
@@ -82,46 +86,6 @@ def _raw(mapped: np.ndarray, info: TensorInfo, type_name: str) -> np.ndarray:
     if type_name in ("F32", "F16"):
         return data.view(np.float32 if type_name == "F32" else np.float16).reshape(info.shape)
     return data.reshape(*rows, row_bytes)
-
-
-# Bytes per 32-element block and whether it carries a minimum (Q4_1) besides its scale.
-_AFFINE_BLOCKS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-
-
-def _affine(data: np.ndarray, type_name: str) -> dict[str, mx.array]:
-    """A Q4_0/Q4_1/Q8_0 tensor repacked, losslessly, into mlx's affine layout (group 32).
-
-    Each GGML block is w = d * q + m over 32 elements, which is mlx's scale * q + bias:
-    Q8_0 stores signed q (mlx's q is unsigned: q + 128, bias -128 d), Q4_0 stores q with
-    an implicit -8, Q4_1 an explicit minimum. GGML keeps a block's low nibbles for its
-    first 16 elements; mlx packs consecutive elements two to a byte.
-    """
-    rows = data.shape[:-1]
-    blocks = data.reshape(*rows, -1, _AFFINE_BLOCKS[type_name])
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    if type_name == "Q8_0":
-        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        bias = d * np.float16(-128)
-        packed = q
-    else:
-        nibbles = blocks[..., 4:] if type_name == "Q4_1" else blocks[..., 2:]
-        q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # elements 0..31
-        packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-        bias = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q4_1" else d * np.float16(-8)
-    weight = np.ascontiguousarray(packed.reshape(*rows, -1)).view(np.uint32)
-    return {"weight": mx.array(weight), "scales": mx.array(d), "biases": mx.array(bias)}
-
-
-def _tensor(data: np.ndarray, type_name: str) -> dict[str, mx.array] | mx.array:
-    from gguf import GGMLQuantizationType, quants
-
-    if type_name == "F32":
-        return mx.array(data.astype(np.float32, copy=False))
-    if type_name == "F16":
-        return mx.array(data.astype(np.float16, copy=False))
-    if type_name in _AFFINE_BLOCKS:
-        return _affine(data, type_name)
-    return mx.array(quants.dequantize(data, GGMLQuantizationType[type_name]).astype(np.float16))
 
 
 def read_gguf(path: str | Path) -> GGUFContents:
@@ -157,12 +121,12 @@ def read_gguf(path: str | Path) -> GGUFContents:
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     tensors: dict[str, mx.array] = {}
     for info in header.tensors:
-        value = _tensor(_raw(mapped, info, names[info.name]), names[info.name])
-        if isinstance(value, dict):  # mlx's quantized triple, named as mx.load names it
+        type_name = names[info.name]
+        data = _raw(mapped, info, type_name)
+        if type_name in gguf_quants.AFFINE:  # mlx's quantized triple, named as mx.load names it
             base = info.name[: -len(".weight")] if info.name.endswith(".weight") else info.name
-            tensors.update({f"{base}.{part}": array for part, array in value.items()})
+            tensors.update({f"{base}.{part}": array for part, array in gguf_quants.repack(data, type_name).items()})
         else:
-            tensors[info.name] = value
+            tensors[info.name] = gguf_quants.dense(data, type_name)
     del mapped
-    conversions = {name: "float16" for name in types if name not in MX_NATIVE_TYPES}
-    return GGUFContents(tensors, _metadata(header), types, conversions)
+    return GGUFContents(tensors, _metadata(header), types)

@@ -4,8 +4,9 @@ Streaming needs text as soon as it is final, but one token can hold part of a
 UTF-8 character (byte-level BPE splits emoji and CJK across tokens). For
 byte-level vocabularies we map every token to its raw bytes once and decode a
 byte buffer incrementally, emitting only complete characters. For other
-vocabularies (SentencePiece-style) we fall back to re-decoding a short window
-of recent ids and emitting the new suffix once it no longer ends in U+FFFD.
+vocabularies (SentencePiece-style) we re-decode a window of ids instead: the ids
+emitted last (as context) plus the new ones, and emit the new suffix once it no
+longer ends in U+FFFD.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ class StreamDecoder:
         self._skip = skip_special_tokens
         # Byte path state.
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        # Window path state: ids not yet fully emitted and how much text of them was.
+        # Window path state: the window's ids, of which the first `_context` were emitted.
         self._ids: list[int] = []
-        self._emitted = 0
+        self._context = 0
 
     def feed(self, ids: int | Iterable[int]) -> str:
         """Add one id or several; return the newly completed text (may be empty)."""
@@ -103,21 +104,25 @@ class StreamDecoder:
         """Return whatever is buffered (incomplete bytes become U+FFFD) and reset."""
         if self._table is not None:
             return self._utf8.decode(b"", final=True)
-        text = self._hf.decode(self._ids, skip_special_tokens=False)
-        rest = text[self._emitted :]
-        self._ids, self._emitted = [], 0
+        rest = self._window_delta()
+        self._ids, self._context = [], 0
         return rest
 
     def _feed_window(self, batch: list[int]) -> str:
         self._ids.extend(batch)
-        text = self._hf.decode(self._ids, skip_special_tokens=False)
-        if text.endswith("\ufffd"):
+        delta = self._window_delta()
+        if delta.endswith("\ufffd"):
             return ""  # waiting for the rest of a character
-        delta = text[self._emitted :]
-        # Keep a few ids of context: SentencePiece decoders drop a leading
-        # space at the start of a sequence, so decoding from the last emitted
-        # id alone would lose it.
-        keep = self._ids[-4:]
-        self._emitted = len(self._hf.decode(keep, skip_special_tokens=False))
-        self._ids = keep
+        # The ids just emitted are the next window's context. Decoding them again with what
+        # follows reproduces what a whole decode does at that point: SentencePiece decoders
+        # drop a leading space only at the start of a sequence, and byte-fallback tokens
+        # (<0xF0><0x9F>...) decode jointly with their neighbours in a run. Starting right after
+        # an emission also means the window never starts inside a character.
+        self._ids = self._ids[self._context :]
+        self._context = len(self._ids)
         return delta
+
+    def _window_delta(self) -> str:
+        text = self._hf.decode(self._ids, skip_special_tokens=False)
+        done = self._hf.decode(self._ids[: self._context], skip_special_tokens=False) if self._context else ""
+        return text[len(done) :]

@@ -72,6 +72,13 @@ def format_for_template(chat_template: str | None) -> str:
     return next((name for hit, name in checks if hit), "hermes")
 
 
+def format_name(chat_template: str | None, override: str | None = None) -> str:
+    """The format a model's output is parsed in: ``override`` (aliases resolved), else the
+    template's."""
+    name = format_for_template(chat_template) if override is None else override.strip().lower()
+    return _ALIASES.get(name, name)
+
+
 def parser_for(
     chat_template: str | None,
     *,
@@ -79,8 +86,7 @@ def parser_for(
     tools: Tools | None = None,
 ) -> ToolCallParser:
     """A fresh parser for one generation; ``override`` names the format outright."""
-    name = format_for_template(chat_template) if override is None else override.strip().lower()
-    name = _ALIASES.get(name, name)
+    name = format_name(chat_template, override)
     if name in _STREAMING:
         return _STREAMING[name](tools)
     if name in END_ONLY_FORMATS:
