@@ -49,6 +49,8 @@ async def load(base_url: str, model: str, workload: str, concurrency: int, total
 
         async def step(previous: str | None) -> str | None:
             body = {"model": model, "input": "hi", "max_output_tokens": 2}
+            if workload == "stateless":  # bench/replicas.py: what needs no store at all
+                body["store"] = False
             if workload == "chain" and previous is not None:
                 body["previous_response_id"] = previous
             r = await client.post("/v1/responses", json=body)

@@ -96,6 +96,7 @@ class Cluster:
     workers_host: str = "127.0.0.1"  # where the gateways bind their worker sockets
     worker_prefix: list[str] = field(default_factory=list)  # what runs each worker
     discover: bool = False  # workers find the gateways through Redis (needs redis_url)
+    admin_token: str | None = None  # hosted mode: what /metrics needs (sent as a Bearer token)
 
     def __post_init__(self) -> None:
         if self.workers is None:
@@ -198,8 +199,18 @@ class Cluster:
 
     def routed(self, i: int) -> float:
         """Requests gateway `i` has sent to workers (its /metrics), over all its workers."""
-        text = httpx.get(self.gateway_url(i) + "/metrics", timeout=5).text
-        return sum(float(m["value"]) for m in _ROUTED.finditer(text))
+        return sum(self.routed_by_worker(i).values())
+
+    def routed_by_worker(self, i: int) -> dict[str, float]:
+        """Requests gateway `i` has sent to each worker (its /metrics), by worker id."""
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else None
+        text = httpx.get(self.gateway_url(i) + "/metrics", headers=headers, timeout=5).text
+        counts: dict[str, float] = {}
+        for m in _ROUTED.finditer(text):
+            worker = re.search(r'worker="([^"]+)"', m["labels"])
+            key = worker[1] if worker else ""
+            counts[key] = counts.get(key, 0.0) + float(m["value"])
+        return counts
 
     def wait_until(self, what: str, check, timeout: float) -> None:
         """Poll `check()` until it is true; fail with the processes' logs after `timeout`."""
@@ -223,6 +234,23 @@ class Cluster:
             self.wait_until(f"{self.names[i]} has {self.expected_workers(i)} workers", lambda i=i: self.registered(i) >= self.expected_workers(i), timeout)
         if self.with_haproxy:
             self.wait_until("haproxy sees every gateway up", lambda: set(self.balancer_status().values()) == {"UP"}, timeout)
+
+    def aim(self, replica: str) -> None:
+        """Make HAProxy's next request land on `replica` (a name in ``names``). Round robin
+        alternates per request, so probe ``/health`` (cheap, no generation) until a probe lands on
+        another replica. Only meaningful while the test is the balancer's only client."""
+        for _ in range(2 * self.gateways):
+            if httpx.get(self.base_url + "/health", timeout=10).headers.get("x-kiln-replica") != replica:
+                return
+        raise AssertionError(f"round robin never turned to {replica}")
+
+    def on(self, replica: str, method, *args, **kwargs):
+        """Call an OpenAI SDK ``with_raw_response`` method with its request landing on `replica`;
+        its parsed value, checked to have been answered by `replica` (``X-Kiln-Replica``)."""
+        self.aim(replica)
+        raw = method(*args, **kwargs)
+        assert raw.headers["x-kiln-replica"] == replica, (raw.headers.get("x-kiln-replica"), replica)
+        return raw.parse()
 
     def health(self, i: int) -> dict:
         return httpx.get(self.gateway_url(i) + "/health", timeout=5).json()
