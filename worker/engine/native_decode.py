@@ -1,24 +1,27 @@
-"""A decode step for llama-style models on the CPU, outside mlx's graph.
+"""The forward pass of llama-style models on the CPU, outside mlx's graph, in one native call.
 
 Why: on the CPU mlx runs every small op of a decode step (norms, rope, the attention over a
-few hundred keys, SwiGLU) as its own task on its own thread, and with the weights' matmuls
-done by the native kernel (loading/packed.py) the step is dominated by those hand-offs: a
-decode step of SmolLM2 spent ~25 ms waiting on ~20 tiny mlx ops per layer. Here the same
-arithmetic runs in numpy on the calling thread, the matmuls in the native kernel, and mlx is
-used for one thing only: appending each layer's new keys and values to mlx-lm's
-BatchKVCache, so the prefix cache, row extraction and the prefill path (all mlx) see exactly
-the cache they always did.
+few hundred keys, SwiGLU) as its own task on its own thread; a decode step of SmolLM2 spent
+~25 ms waiting on ~20 tiny mlx ops per layer. Then numpy between C matmuls still cost a
+Python hop per op. Now the whole pass (embedding to logits) is one call into decode.c
+(worker/native): every product split over the cores by output columns, with 8-bit activations
+and integer dot products where the CPU has them. mlx-lm's BatchKVCache stays the source of
+truth: the pass writes each layer's new keys and values into the cache's own buffers (numpy
+views of its mlx arrays), growing them (through mlx) when full, so the prefix cache, row
+extraction and the prefill path (all mlx) see exactly the cache they always did.
 
 It handles mlx-lm's ``llama`` (SmolLM2, Llama, Mistral), ``qwen2`` (q/k/v biases) and
 ``qwen3`` (per-head q/k norms) models when every projection and the output head are packed and
-RoPE is the plain kind; anything else decodes through mlx as before. ``build`` checks its
-output against the mlx forward pass on the real weights before it is used, so a model that
-only looks alike is refused rather than decoded wrongly.
+RoPE is the plain kind (traditional or not); anything else decodes through mlx as before.
+``build`` checks the pass against mlx's forward pass on the real weights before it is used
+(see ``Tolerance``), so a model that only looks alike is refused rather than decoded wrongly.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -28,13 +31,58 @@ from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache
 
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
+from ..native import CpuKernels
+from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
 
 log = logging.getLogger(__name__)
 
-# mlx-lm model classes whose decoder blocks the native step reproduces (checked numerically at
+# mlx-lm model classes whose decoder blocks the native pass reproduces (checked numerically at
 # build time all the same).
 _MODELS = (llama.Model, qwen2.Model, qwen3.Model)
 _MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
+# Rows x new tokens of one call; decode batches are at most the scheduler's batch size.
+MAX_TOKENS = 256
+# decode.c's mask of the products that take 8-bit activations (q/k/v 1, o 2, gate/up 4, down 8,
+# head 16): all of them.
+_INT8_ALL = 31
+# "float32" keeps the activations in float32 where the CPU has integer dot products too: the
+# products then match mlx's up to the order of float sums, greedy output token for token.
+ACTIVATIONS_ENV = "KILN_NATIVE_ACTIVATIONS"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close the native pass must come to mlx's forward pass on the build check.
+
+    Measured on next-token distributions rather than raw logits: ``kl`` bounds the KL
+    divergence KL(mlx || native) in nats at every checked position, and the greedy token must be
+    mlx's wherever mlx's best token beats its runner-up by more than ``decided`` nats of
+    log-probability (closer than that, which of two nearly equal tokens wins is decided by
+    rounding, in float32 sums as much as in 8-bit activations).
+
+    float32 activations differ from mlx only in the order of float sums (KL ~1e-9). 8-bit
+    activations round each value to 1/254 of its block's largest: the product is then exactly
+    that of the weights with the rounded values, off by about sqrt(n / 3) / 254 of
+    max|x| * |w| for n terms; through a model's layers that measured a KL of ~0.003 nats
+    (max 0.006) on SmolLM2-135M, and 0.001-0.04 on the tests' tiny random models, whose
+    weights are scaled up to make their output wander. 0.05 nats is taken as the bound: a
+    model past it (an activation outlier that one block's scale cannot hold) falls back to
+    float32 activations, and then to mlx.
+    """
+
+    kl: float
+    decided: float
+
+    def agree(self, ours: np.ndarray, ref: np.ndarray) -> bool:
+        mine, theirs = log_softmax(ours.astype(np.float64)), log_softmax(ref.astype(np.float64))
+        kl = (np.exp(theirs) * (theirs - mine)).sum(axis=-1)
+        runner_up, best = np.moveaxis(np.sort(theirs, axis=-1)[..., -2:], -1, 0)
+        decided = best - runner_up > self.decided
+        return bool(kl.max() <= self.kl) and bool(np.all((ours.argmax(-1) == ref.argmax(-1)) | ~decided))
+
+
+FLOAT32 = Tolerance(kl=1e-5, decided=1e-3)
+INT8 = Tolerance(kl=0.05, decided=0.1)
 
 
 @dataclass
@@ -52,10 +100,6 @@ class _Layer:
     qk_norm: tuple[np.ndarray, np.ndarray] | None = None  # Qwen3: per-head RMSNorm before RoPE
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
-
-
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-probabilities, float32."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -67,9 +111,16 @@ def _packed(module: nn.Module) -> PackedWeights | None:
     return module._packed if type(module) is PackedLinear else None
 
 
+def _same_input(parts: list[PackedWeights]) -> bool:
+    """Products of one input share its 8-bit form: same bits and groups, which the loops take
+    as 32 or a multiple of 64."""
+    first = parts[0]
+    return all(p.bits == first.bits and p.group_size == first.group_size for p in parts) and (first.group_size == 32 or first.group_size % 64 == 0)
+
+
 def _layer(block: nn.Module, eps: float) -> _Layer | None:
-    """A transformer block's parts as the native step uses them, or None if it differs from the
-    llama/Qwen2/Qwen3 block in a way the step does not handle."""
+    """A transformer block's parts as the native pass uses them, or None if it differs from the
+    llama/Qwen2/Qwen3 block in a way the pass does not handle."""
     attn, mlp = block.self_attn, block.mlp
     if type(mlp) not in _MLPS or type(attn.rope) is not nn.RoPE:
         return None
@@ -82,35 +133,58 @@ def _layer(block: nn.Module, eps: float) -> _Layer | None:
         qk_norm = (np.asarray(attn.q_norm.weight), np.asarray(attn.k_norm.weight))
     if any(p is None for p in parts) or any(type(n) is not nn.RMSNorm or n.eps != eps for n in norms):
         return None
+    if not all(_same_input(group) for group in (parts[:3], parts[3:4], parts[4:6], parts[6:])):
+        return None
     biased = ["bias" in m for m in projections]
     if any(biased[3:]) or len(set(biased[:3])) > 1:
         return None
     qkv_bias = tuple(np.asarray(m.bias) for m in projections[:3]) if biased[0] else None
-    if attn.rope.dims * attn.n_heads != parts[0].out_dims:
+    if attn.rope.dims * attn.n_heads != parts[0].out_dims or attn.rope.dims % 2 or attn.n_heads % attn.n_kv_heads:
         return None
     return _Layer(np.asarray(norms[0].weight), np.asarray(norms[1].weight), *parts, qkv_bias=qkv_bias, qk_norm=qk_norm)
 
 
-class NativeDecoder:
-    """Logits for one new token per row, given mlx-lm BatchKVCaches holding each row's past."""
+def _weights(p: PackedWeights, bias: np.ndarray | None = None) -> QuantizedWeights:
+    return QuantizedWeights.of(p.q, p.scales, p.biases, p.bits, p.group_size, floats(bias))
 
-    def __init__(self, model: llama.Model, layers: list[_Layer], head: PackedWeights) -> None:
+
+class NativeDecoder:
+    """Logits for new tokens of each row, given mlx-lm BatchKVCaches holding each row's past."""
+
+    def __init__(self, model: llama.Model, layers: list[_Layer], head: PackedWeights, int8: bool) -> None:
         inner = model.model
         attn = inner.layers[0].self_attn
-        self.max_rows = head.kernel.max_rows
-        self._embedding = np.asarray(inner.embed_tokens.weight)
-        self._layers = layers
-        self._final_norm = np.asarray(inner.norm.weight)
-        self._eps = inner.norm.eps
-        self._head = head
-        self._kernels = head.kernel
+        self.max_rows = MAX_TOKENS
+        self.int8 = int8  # 8-bit activations (else float32)
+        self._kernels: CpuKernels = head.kernel
+        self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
-        self._scale = attn.scale
+        self._vocab = inner.embed_tokens.weight.shape[0]
         rope = attn.rope
         half = rope.dims // 2
-        self._inv_freq = rope.base ** (-np.arange(half, dtype=np.float64) / half)
-        self._rope_scale = rope.scale
-        self._traditional = rope.traditional
+        self._inv_freq = rope.scale * rope.base ** (-np.arange(half, dtype=np.float64) / half)
+        self._embedding = floats(np.asarray(inner.embed_tokens.weight))
+        self._final_norm = floats(np.asarray(inner.norm.weight))
+        keep: list[object] = []
+        structs = []
+        for layer in layers:
+            bias = layer.qkv_bias or (None, None, None)
+            norms = [floats(a) for a in (layer.attn_norm, layer.mlp_norm, *(layer.qk_norm or (None, None)))]
+            weights = [_weights(p, b) for p, b in zip((layer.q, layer.k, layer.v), bias)] + [_weights(p) for p in (layer.o, layer.gate, layer.up, layer.down)]
+            # ctypes copies the structs' fields into the array; the arrays they point into stay
+            # alive through `keep` (the norms, and each QuantizedWeights' own _keep).
+            keep.append((norms, weights))
+            structs.append(Layer(*(None if a is None else a.ctypes.data for a in norms), *weights))
+        self._layer_array = (Layer * len(structs))(*structs)
+        self._keep = keep
+        self._head = _weights(head)
+        self._model = Model(
+            len(layers), inner.embed_tokens.weight.shape[1], layers[0].gate.out_dims, self._heads, self._kv_heads,
+            self._head_dim, self._vocab, int(rope.traditional), inner.norm.eps, attn.scale,
+            self._inv_freq.ctypes.data, self._embedding.ctypes.data, self._final_norm.ctypes.data, self._head,
+            self._layer_array,
+        )  # fmt: skip
+        self._work = np.empty(0, np.float32)
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeDecoder | None:
@@ -129,97 +203,119 @@ class NativeDecoder:
             head = head_module._packed
         else:
             head = _packed(head_module) if head_module is not None and "bias" not in head_module else None
-        if head is None:
+        if head is None or not _same_input([head]):
             return None
         layers = [_layer(block, inner.norm.eps) for block in inner.layers]
         if any(layer is None for layer in layers):
             return None
-        decoder = cls(model, layers, head)
-        if not decoder._matches(model):
-            log.warning("native decode step disagrees with mlx on this model: decoding through mlx")
-            return None
-        return decoder
+        int8_first = head.kernel.int8 and os.environ.get(ACTIVATIONS_ENV, "int8").strip().lower() != "float32"
+        for int8 in (True, False) if int8_first else (False,):
+            decoder = cls(model, layers, head, int8)
+            if decoder._matches(model):
+                log.info("native decode pass: %s build, %s activations", head.kernel.variant, "8-bit" if int8 else "float32")
+                return decoder
+            log.warning("native forward pass (%s activations) disagrees with mlx on this model", "8-bit" if int8 else "float32")
+        log.warning("decoding through mlx")
+        return None
 
     def _matches(self, model: nn.Module) -> bool:
-        """Two rows (one left-padded) decoded both ways after the same prefill agree."""
+        """Two rows (one left-padded) prefilled by mlx, then three new tokens at once and three
+        single steps, agree with mlx's forward pass on the same cache (within ``Tolerance``)."""
         prompts = [[1 + (7 * i) % 97 for i in range(12)], [3 + (5 * i) % 89 for i in range(9)]]
-        logits = []
+        padded = mx.array([prompts[0], [0, 0, 0] + prompts[1]])
+        steps = [mx.array([[5, 17, 2], [11, 4, 29]])] + [mx.array([[t], [t + 7]]) for t in (13, 3, 41)]
+        results: list[list[np.ndarray]] = [[], []]
         for native in (False, True):
             cache = [BatchKVCache([0, 3]) for _ in model.model.layers]
-            padded = [prompts[0], [0, 0, 0] + prompts[1]]
-            model(mx.array(padded), cache=cache)
-            step = mx.array([[5], [11]])
-            logits.append(self(step, cache) if native else np.array(model(step, cache=cache)[:, -1, :]))
-        ref, ours = logits
-        return bool(np.allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max())))
+            model(padded, cache=cache)
+            for step in steps:
+                step = step % self._vocab
+                if native:
+                    results[native].append(self.forward(step, cache))
+                else:
+                    # mx.eval lets go of the GIL while mlx computes (converting a lazy array
+                    # does not): the worker's heartbeat thread keeps running during the check.
+                    logits = model(step, cache=cache)
+                    mx.eval(logits)
+                    results[native].append(np.array(logits))
+        tolerance = INT8 if self.int8 else FLOAT32
+        return all(tolerance.agree(ours, ref) for ref, ours in zip(*results))
 
-    # ---- the step --------------------------------------------------------------------------
+    # ---- the pass --------------------------------------------------------------------------
 
-    def _rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """x: (B, heads, d); cos/sin: (B, 1, d/2). Rotates pairs (2i, 2i+1) ("traditional",
-        as GGUF llamas are loaded) or (i, i + d/2)."""
-        if self._traditional:
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-            out = np.empty_like(x)
-            out[..., 0::2] = x1 * cos - x2 * sin
-            out[..., 1::2] = x1 * sin + x2 * cos
-            return out
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    def _room(self, c: BatchKVCache, rows: int, new: int) -> tuple[np.ndarray, np.ndarray]:
+        """The cache's key and value buffers as writable numpy views with room for ``new`` more
+        positions, replaced first (keeping their contents) where they are not contiguous float32
+        buffers with that room: nothing in mlx refers to a position at or past ``_idx``
+        (extracted rows and fetched views end before it), so the pass may write there."""
+        keys = None if c.keys is None else np.asarray(c.keys)
+        values = None if c.values is None else np.asarray(c.values)
+        need = c._idx + new
+        usable = keys is not None and values is not None and all(
+            a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable and a.shape[2] >= need for a in (keys, values)
+        )
+        if not usable:
+            step = BatchKVCache.step
+            capacity = (need + step - 1) // step * step
+            shape = (rows, self._kv_heads, capacity, self._head_dim)
+            grown_k, grown_v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            if keys is not None and values is not None:
+                grown_k[:, :, : c._idx] = keys[:, :, : c._idx]
+                grown_v[:, :, : c._idx] = values[:, :, : c._idx]
+            c.keys, c.values = mx.array(grown_k), mx.array(grown_v)
+            mx.eval(c.keys, c.values)
+            keys, values = np.asarray(c.keys), np.asarray(c.values)
+        return keys, values
 
-    @staticmethod
-    def _append(c: BatchKVCache, k: np.ndarray, v: np.ndarray, offset: mx.array) -> tuple[np.ndarray, np.ndarray]:
-        """Add one position (k, v: (B, KVH, 1, d)) to the cache; return all its keys and values.
-
-        Where the cache's buffers have room and are plain contiguous arrays, the new position
-        is written into them in place: nothing in mlx refers to a position at or past _idx
-        (extracted rows and fetched views end before it), and it saves an mlx slice update
-        and a wait for mlx's thread per layer. Otherwise mlx-lm's update_and_fetch grows them.
-        """
-        keys = np.asarray(c.keys) if c.keys is not None else None
-        values = np.asarray(c.values) if c.values is not None else None
-        if keys is None or values is None or c._idx >= keys.shape[2] or not all(
-            a.flags.c_contiguous and a.flags.writeable for a in (keys, values)
-        ):
-            fetched = c.update_and_fetch(mx.array(k), mx.array(v))
-            mx.eval(fetched)
-            return np.asarray(fetched[0]), np.asarray(fetched[1])
-        keys[:, :, c._idx] = k[:, :, 0]
-        values[:, :, c._idx] = v[:, :, 0]
-        c._idx += 1
-        c.offset = offset
-        return keys[:, :, : c._idx], values[:, :, : c._idx]
-
-    def __call__(self, tokens: mx.array, cache: list[BatchKVCache]) -> np.ndarray:
-        """tokens: (B, 1) with B <= max_rows. Returns the logits (B, vocab)."""
+    def _run(self, tokens: mx.array | np.ndarray, cache: list[BatchKVCache], head_rows: int) -> np.ndarray | None:
         first = cache[0]
-        mx.eval(tokens, first.offset, first.left_padding, [(c.keys, c.values) for c in cache if c.keys is not None])
-        next_offset = first.offset + 1  # every layer's offset is the same array
-        ids = np.asarray(tokens).reshape(-1)
-        positions = np.asarray(first.offset).astype(np.float64)
-        rows = ids.shape[0]
-        angles = (positions[:, None] * self._rope_scale) * self._inv_freq[None, :]
-        cos = np.cos(angles).astype(np.float32)[:, None, :]
-        sin = np.sin(angles).astype(np.float32)[:, None, :]
-        # Keys before left_padding[b] are row b's padding.
-        start = np.asarray(first.left_padding)
+        mx.eval(first.offset, first.left_padding, [(c.keys, c.values) for c in cache if c.keys is not None])
+        ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
+        rows, new = ids.shape
+        if rows * new > self.max_rows:
+            raise ValueError(f"{rows} x {new} tokens is more than the native pass takes at once ({self.max_rows})")
+        idx = first._idx
+        if any(c._idx != idx for c in cache):
+            raise ValueError("the layers' caches disagree on their length")
+        table = np.empty((len(cache), CACHE_FIELDS), dtype=np.int64)
+        for i, c in enumerate(cache):
+            keys, values = self._room(c, rows, new)
+            table[i] = (keys.ctypes.data, values.ctypes.data, keys.strides[0] // 4, keys.strides[1] // 4, values.strides[0] // 4, values.strides[1] // 4)
+        positions = np.ascontiguousarray(np.asarray(first.offset), dtype=np.int32)
+        start = np.ascontiguousarray(np.asarray(first.left_padding), dtype=np.int32)
+        out_rows = rows * new if head_rows == 2 else rows if head_rows == 1 else 0
+        logits = np.empty((max(out_rows, 1), self._vocab), np.float32)
+        model = ctypes.byref(self._model)
+        need = self._lib.kiln_forward_work(model, rows * new, idx + new)
+        if self._work.size < need:
+            self._work = np.empty(need, np.float32)
+        with self._kernels.team.step(rows * new):
+            status = self._lib.kiln_forward(
+                model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
+                idx, head_rows, _INT8_ALL if self.int8 else 0, logits.ctypes.data, self._work.ctypes.data,
+            )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"the native forward pass refused {rows} x {new} tokens at cache position {idx}")
+        offset = first.offset + new  # every layer's offset is the same array
+        for c in cache:
+            c._idx += new
+            c.offset = offset
+        return logits[:out_rows] if out_rows else None
 
-        h = self._embedding[ids]
-        heads, kv_heads, d = self._heads, self._kv_heads, self._head_dim
-        for layer, c in zip(self._layers, cache):
-            x = _rms_norm(h, layer.attn_norm, self._eps)
-            q, k, v = layer.q.apply(x), layer.k.apply(x), layer.v.apply(x)
-            if layer.qkv_bias is not None:
-                q, k, v = q + layer.qkv_bias[0], k + layer.qkv_bias[1], v + layer.qkv_bias[2]
-            q, k, v = q.reshape(rows, heads, d), k.reshape(rows, kv_heads, d), v.reshape(rows, kv_heads, 1, d)
-            if layer.qk_norm is not None:
-                q, k = _rms_norm(q, layer.qk_norm[0], self._eps), _rms_norm(k, layer.qk_norm[1], self._eps)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            keys, values = self._append(c, k[:, :, None, :], v, next_offset)
-            attended = self._kernels.attention(q, keys, values, start, self._scale).reshape(rows, -1)
-            h = h + layer.o.apply(attended)
-            x = _rms_norm(h, layer.mlp_norm, self._eps)
-            gate = layer.gate.apply(x)
-            h = h + layer.down.apply(gate / (1.0 + np.exp(-gate)) * layer.up.apply(x))
-        return self._head.apply(_rms_norm(h, self._final_norm, self._eps))
+    def __call__(self, tokens: mx.array | np.ndarray, cache: list[BatchKVCache]) -> np.ndarray:
+        """tokens: (B, 1). Returns the logits (B, vocab) of each row's new token."""
+        logits = self._run(tokens, cache, head_rows=1)
+        assert logits is not None
+        return logits
+
+    def forward(self, tokens: mx.array | np.ndarray, cache: list[BatchKVCache]) -> np.ndarray:
+        """tokens: (B, T), T >= 1 new tokens per row after the cached past, causal among
+        themselves (e.g. drafts to verify in one step). Returns the logits (B, T, vocab)."""
+        rows, new = np.asarray(tokens).shape
+        logits = self._run(tokens, cache, head_rows=2)
+        assert logits is not None
+        return logits.reshape(rows, new, self._vocab)
+
+    def prefill(self, tokens: mx.array | np.ndarray, cache: list[BatchKVCache]) -> None:
+        """Append (B, T) tokens' keys and values to the cache without computing logits."""
+        self._run(tokens, cache, head_rows=0)

@@ -13,6 +13,10 @@ remainders the saving shrinks (the pass becomes bound by arithmetic), so groups 
 
 Either way the last prompt token is left for the decode batch, whose first step for the
 row produces the first output token.
+
+On the CPU, a group whose remainders are all the same length (one request alone, always) goes
+through the native forward pass (native_decode.py) instead of mlx: with 8-bit activations and
+integer dot products it did a 78-token prompt in ~0.6x the CPU time of mlx with OpenBLAS.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from .cache import PrefixCache
+from .native_decode import NativeDecoder
 from .sampling import Sampler
 from .types import EngineRequest
 
@@ -87,8 +92,9 @@ class Prefill:
         return [c.merge([c]) for c in self.cache]
 
 
-def prefill_together(model: nn.Module, group: list[Prefill]) -> list[BatchKVCache]:
-    """Finish the prefill of several requests in one right-padded pass.
+def prefill_together(model: nn.Module, group: list[Prefill], native: NativeDecoder | None = None) -> list[BatchKVCache]:
+    """Finish the prefill of several requests in one right-padded pass (through ``native``
+    where it takes them: remainders of one length, at most its max_rows tokens).
 
     Returns one batch cache per layer holding the group's rows in order (left-padded,
     as the decode batch expects). Each request's own cache is left untouched.
@@ -101,6 +107,11 @@ def prefill_together(model: nn.Module, group: list[Prefill]) -> list[BatchKVCach
         return caches
     padding = [width - n for n in lengths]
     tokens = mx.array([c + [0] * (width - len(c)) for c in chunks], dtype=mx.uint32)
+    if native is not None and max(padding) == 0 and len(chunks) * width <= native.max_rows:
+        native.prefill(tokens, caches)
+        for p in group:
+            p.pos = len(p.req.prompt) - 1
+        return caches
     if max(padding) > 0:
         for c in caches:
             c.prepare(lengths=lengths, right_padding=padding)

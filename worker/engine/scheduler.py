@@ -299,7 +299,7 @@ class Scheduler:
                 if spent and spent + cost > self.prefill_chunk:
                     return
                 try:
-                    cache = prefill_together(self._model, group)
+                    cache = prefill_together(self._model, group, self._native)
                 except Exception as e:
                     mx.clear_cache()
                     if len(group) > 1:  # find the culprit: each stays queued and retries alone

@@ -21,7 +21,7 @@ from ..native import CpuKernels
 # Inside mlx's graph each kernel call waits for mlx to evaluate its input, which costs more than
 # the kernel saves beyond a few rows: a whole SmolLM2 decode step through mlx took 40 / 49 / 55 /
 # 97 ms at 1 / 2 / 4 / 8 rows this way, against 67 / 76 / 80 / 83 ms from float32. (Llama-family
-# models decode outside the graph instead: engine/native_decode.py, up to the kernel's 8 rows.)
+# models decode outside the graph instead, in one native call per step: engine/native_decode.py.)
 GRAPH_MAX_ROWS = 4
 
 

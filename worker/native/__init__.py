@@ -1,15 +1,24 @@
-"""Native CPU kernels, compiled on this machine at first use.
+"""Native CPU kernels, compiled on this machine at first use, for the instructions it has.
 
 mlx's CPU backend has no fast quantized matmul, so decoding on the CPU from 4-bit weights
 either runs mlx's scalar kernel or reads a float32 copy eight times the size. qmatmul.c
-multiplies 1..8 rows straight against the packed weights. It is compiled here, with
-``-march=native``, rather than shipped as a wheel: the loops are only fast when built for
-the CPU they run on, and a C compiler is one a Linux machine usually has. Where none works
-the worker keeps its float32 path and says so in the log.
+multiplies 1..8 rows straight against the packed weights; decode.c runs a whole decoder
+forward pass (decode steps, short chunks) in one call. They are compiled here rather than
+shipped as a wheel, and a C compiler is one a Linux machine usually has. Where none works the
+worker keeps its float32 path and says so in the log.
 
-The shared library is cached under ``$KILN_NATIVE_CACHE`` (default ``~/.cache/kiln/native``),
-named by a hash of the source, the compiler command and the CPU, so an edit or another
-machine builds afresh. ``KILN_NATIVE_KERNELS=0`` turns the kernels off.
+Portable builds. ``-march=native`` is not used: on some virtual machines the CPU reports
+instructions the hypervisor does not execute, and a build for them dies with SIGILL (llama.cpp's
+own ``-march=native`` builds do on the development VMs). Instead each variant has explicit
+flags (AVX-512 + VNNI, AVX-VNNI, AVX2 + FMA, and the compiler's baseline; Arm dotprod and
+baseline), and the first one that this CPU runs is taken: skipped unless /proc/cpuinfo lists its
+instructions, then run once in a throw-away process (``kiln_selftest``: a CPUID check and one
+product of each kind) so that an illegal instruction kills that process, not the worker.
+``KILN_NATIVE_PORTABLE=1`` takes the baseline build whatever the CPU has (tests use it).
+
+Each shared library is cached under ``$KILN_NATIVE_CACHE`` (default ``~/.cache/kiln/native``),
+named by a hash of the sources, the compiler command and the CPU, so an edit or another machine
+builds afresh. ``KILN_NATIVE_KERNELS=0`` turns the kernels off.
 """
 
 from __future__ import annotations
@@ -21,36 +30,93 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from .threads import TeamSize
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("qmatmul.c")
+HERE = Path(__file__).parent
+SOURCE = HERE / "decode.c"  # includes qmatmul.c
+SOURCES = (HERE / "qmatmul.c", SOURCE)
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
 CACHE_ENV = "KILN_NATIVE_CACHE"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
+PORTABLE_ENV = "KILN_NATIVE_PORTABLE"
+_FLAGS = ["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wno-psabi", "-shared", "-fPIC"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: its name, compiler flags, and the /proc/cpuinfo flags it needs."""
+
+    name: str
+    flags: tuple[str, ...]
+    needs: frozenset[str]
+
+
+_X86 = (
+    Variant("avx512vnni", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic"), frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"})),
+    Variant("avxvnni", ("-march=x86-64-v3", "-mavxvnni", "-mtune=generic"), frozenset({"avx_vnni", "avx2", "fma", "f16c"})),
+    Variant("avx2", ("-march=x86-64-v3", "-mtune=generic"), frozenset({"avx2", "fma", "f16c"})),
+)
+_ARM = (Variant("dotprod", ("-march=armv8.2-a+dotprod",), frozenset({"asimddp"})),)
+PORTABLE = Variant("portable", (), frozenset())
+
+
+def variants() -> tuple[Variant, ...]:
+    """This architecture's builds, fastest first, the portable one last."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return (*_X86, PORTABLE)
+    if machine in ("aarch64", "arm64"):
+        return (*_ARM, PORTABLE)
+    return (PORTABLE,)
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class CpuKernels:
     """The compiled functions of qmatmul.c, called through ctypes (the GIL is released)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, variant: str, threads: int = 1, threads_fixed: bool = True) -> None:
         self._lib = library
+        self.variant = variant  # which build: "avx512vnni", "avx2", "portable", ...
         ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
         library.kiln_qmm.argtypes = [i32] * 5 + [ptr] * 6
         library.kiln_qmm.restype = i32
         library.kiln_qmm_max_rows.restype = i32
-        library.kiln_attention.argtypes = [i32] * 5 + [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_float, ptr, ptr]
-        library.kiln_attention.restype = None
+        library.kiln_forward.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, i32, i32, i32, ptr, ptr]
+        library.kiln_forward.restype = i32
+        library.kiln_forward_work.argtypes = [ptr, i32, i32]
+        library.kiln_forward_work.restype = i64
+        library.kiln_set_threads.argtypes = [i32]
+        library.kiln_set_threads.restype = None
         self.max_rows: int = library.kiln_qmm_max_rows()
+        # Whether this build has 8-bit activations with integer dot products (else float32).
+        self.int8: bool = bool(library.kiln_has_int8())
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
+        # The forward pass's team: all `threads`, or one where that measures faster (threads.py).
+        self.team = TeamSize(threads, self.set_threads, threads_fixed)
+
+    def set_threads(self, n: int) -> None:
+        """Use n threads for the parallel loops from now on (bench/native_step.py compares)."""
+        self._lib.kiln_set_threads(n)
+
+    @property
+    def library(self) -> ctypes.CDLL:
+        """The loaded library, for callers that pass it C structs (engine/native_decode.py)."""
+        return self._lib
 
     def matmul(self, x: np.ndarray, q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int) -> np.ndarray:
         """``x @ dequantize(q, scales, biases).T``. x: (M, K) float32 C-contiguous, M <= max_rows;
@@ -67,32 +133,6 @@ class CpuKernels:
             raise ValueError(f"kiln_qmm cannot multiply {rows}x{k} by {bits}-bit {n}x{k} (group {group_size})")
         return y
 
-    @staticmethod
-    def _readable(a: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """A (B, KVH, S, D) view the kernel reads in place (float32, each key a contiguous run,
-        keys one after another), copied only if it is not one; with its row and head strides
-        in floats."""
-        if a.dtype != np.float32 or a.strides[3] != 4 or a.strides[2] != 4 * a.shape[3]:
-            a = np.ascontiguousarray(a, dtype=np.float32)
-        return a, a.strides[0] // 4, a.strides[1] // 4
-
-    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: np.ndarray, scale: float) -> np.ndarray:
-        """One-token attention (see kiln_attention). q: (B, H, D); keys/values: (B, KVH, S, D)
-        views of the cache; start: (B,) first real key per row. Returns (B, H, D)."""
-        keys, *k_strides = self._readable(keys)
-        values, *v_strides = self._readable(values)
-        rows, heads, dims = q.shape
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        start = np.ascontiguousarray(start, dtype=np.int32)
-        out = np.empty_like(q)
-        work = np.empty(rows * heads * keys.shape[2], dtype=np.float32)
-        self._lib.kiln_attention(
-            rows, heads, keys.shape[1], dims, keys.shape[2], q.ctypes.data,
-            keys.ctypes.data, *k_strides, values.ctypes.data, *v_strides,
-            start.ctypes.data, scale, out.ctypes.data, work.ctypes.data,
-        )  # fmt: skip
-        return out
-
 
 def _compiler() -> str | None:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
@@ -101,14 +141,16 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_signature() -> str:
+def _cpu_flags() -> tuple[str, set[str] | None]:
+    """The CPU's flags line from /proc/cpuinfo (for the cache key) and its set of flags, or
+    None where there is no such file (then every variant is tried by running it)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                return line
+                return line, set(line.split(":", 1)[-1].split())
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor(), None
 
 
 def _cache_dir() -> Path:
@@ -116,10 +158,11 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
-def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(_FLAGS).encode(), platform.machine().encode(), _cpu_signature().encode()]))
-    target = _cache_dir() / f"qmatmul-{key.hexdigest()[:16]}.so"
+def _build(compiler: str, variant: Variant) -> Path:
+    flags = [*_FLAGS, *variant.flags]
+    parts = [*(src.read_bytes() for src in SOURCES), compiler.encode(), " ".join(flags).encode(), platform.machine().encode(), _cpu_flags()[0].encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    target = _cache_dir() / f"kiln-{variant.name}-{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,19 +171,46 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         started = time.perf_counter()
-        log.info("compiling the native CPU kernels for this machine into %s", target)
-        subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True, timeout=120)
+        log.info("compiling the native CPU kernels (%s) into %s", variant.name, target)
+        subprocess.run([compiler, *flags, str(SOURCE), "-o", partial], check=True, capture_output=True, timeout=300)
         os.replace(partial, target)
-        log.info("compiled the native CPU kernels in %.1f s", time.perf_counter() - started)
+        log.info("compiled the native CPU kernels (%s) in %.1f s", variant.name, time.perf_counter() - started)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
 
 
+def _runs_here(library: Path) -> bool:
+    """Whether this CPU executes the library's instructions: its self-test, run in a child
+    process (an illegal instruction kills the child). The verdict is kept beside the library,
+    whose name already depends on the CPU."""
+    verdict = library.with_suffix(".ok")
+    if verdict.is_file():
+        return True
+    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(sys.argv[1]).kiln_selftest())"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe, str(library)], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if done.returncode != 0:
+        log.info("native kernels %s do not run on this CPU (self-test exit %s)", library.name, done.returncode)
+        return False
+    verdict.touch()
+    return True
+
+
+def _candidates() -> list[Variant]:
+    """The variants worth trying here, fastest first."""
+    if _truthy(PORTABLE_ENV):
+        return [PORTABLE]
+    _, flags = _cpu_flags()
+    return [v for v in variants() if flags is None or v.needs <= flags]
+
+
 @lru_cache(maxsize=1)
 def cpu_kernels() -> CpuKernels | None:
-    """The compiled kernel, or None where it is turned off or cannot be built on this machine."""
+    """The compiled kernels, or None where they are turned off or cannot be built on this machine."""
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     compiler = _compiler()
@@ -148,10 +218,23 @@ def cpu_kernels() -> CpuKernels | None:
         log.warning("no C compiler found: decoding quantized models on the CPU from float32 copies")
         return None
     # libgomp reads its thread count once, when loaded: one thread per core this process may use.
+    fixed = "OMP_NUM_THREADS" in os.environ
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
     try:
-        return CpuKernels(ctypes.CDLL(str(_build(compiler))))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # RuntimeError: no home directory
-        detail = getattr(e, "stderr", b"") or b""
-        log.warning("native CPU kernels unavailable (%s %s): decoding from float32 copies", e, detail.decode(errors="replace")[-500:])
-        return None
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"].split(",")[0]))
+    except ValueError:
+        threads, fixed = 1, True
+    failure = ""
+    for variant in _candidates():
+        try:
+            library = _build(compiler, variant)
+            if not _runs_here(library):
+                continue
+            kernels = CpuKernels(ctypes.CDLL(str(library)), variant.name, threads, fixed)
+            log.info("native CPU kernels: %s build, %s activations", variant.name, "8-bit" if kernels.int8 else "float32")
+            return kernels
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # RuntimeError: no home directory
+            detail = getattr(e, "stderr", b"") or b""
+            failure = f"{e} {detail.decode(errors='replace')[-500:]}"
+    log.warning("native CPU kernels unavailable (%s): decoding from float32 copies", failure or "no build runs on this CPU")
+    return None

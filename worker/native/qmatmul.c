@@ -14,8 +14,10 @@
  * computes it in float32) and multiply in float32, so results match the float32 copy up to
  * summation order.
  *
- * Built at first use by kiln/worker/native/__init__.py with -march=native; the AVX-512
- * loops are used where the compiler targets AVX-512, portable C elsewhere.
+ * Compiled into each variant of decode.c (which includes this file) by
+ * kiln/worker/native/__init__.py; the AVX-512 loops are used in the AVX-512 variant, portable C
+ * (vectorized by the compiler) elsewhere. decode.c's forward pass uses them for its float32
+ * activations; kiln_qmm serves products inside mlx's graph (loading/packed.py).
  */
 #include <math.h>
 #include <stdint.h>
@@ -229,81 +231,4 @@ int kiln_qmm(int bits, int M, int N, int K, int group_size, const uint8_t *q, co
     }
 #undef KILN_ROWS
     return 0;
-}
-
-/* One decode step's attention for B rows of H query heads sharing KVH key/value heads:
- *   out[b, h] = softmax(scale * keys[b, g] @ q[b, h], over keys start[b] .. S-1) @ values[b, g]
- * with g = h / (H / KVH). q and out are (B, H, D) contiguous; keys and values are read through
- * strides (in floats) for the row and head, each key a contiguous run of D floats, so the
- * preallocated cache buffers are read in place. Keys before start[b] are a row's left padding.
- * work holds B * H * S floats. */
-#ifdef __AVX512F__
-/* e^x for x <= 0 (softmax after subtracting the maximum): Cephes' expf, 16 lanes at a time,
- * within 2 ulp of expf; glibc's expf is scalar here and was half of the attention's time. */
-static inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
-    poly = _mm512_add_ps(_mm512_fmadd_ps(poly, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(poly, n);
-}
-#endif
-
-/* p[j] = e^(p[j] - top) for j < n; returns their sum. */
-static inline float exp_shifted(float *p, int n, float top) {
-    float total = 0.f;
-    int j = 0;
-#ifdef __AVX512F__
-    __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
-    for (; j + 16 <= n; j += 16) {
-        __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + j), shift));
-        _mm512_storeu_ps(p + j, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    total = _mm512_reduce_add_ps(sum);
-#endif
-    for (; j < n; j++) {
-        p[j] = expf(p[j] - top);
-        total += p[j];
-    }
-    return total;
-}
-
-void kiln_attention(int B, int H, int KVH, int D, int S, const float *q, const float *keys,
-                    long k_row, long k_head, const float *values, long v_row, long v_head,
-                    const int *start, float scale, float *out, float *work) {
-    int group = H / KVH;
-    /* Each (row, head) pair also pays for its exponentials: worth two threads sooner. */
-    int parallel = 8L * B * H * S * D >= parallel_macs;
-    #pragma omp parallel for schedule(static) if(parallel)
-    for (int bh = 0; bh < B * H; bh++) {
-        int b = bh / H, h = bh % H, g = h / group;
-        const float *qv = q + (size_t)bh * D;
-        const float *kb = keys + b * k_row + g * k_head, *vb = values + b * v_row + g * v_head;
-        float *p = work + (size_t)bh * S, *o = out + (size_t)bh * D;
-        float top = -INFINITY, total = 0.f;
-        for (int j = start[b]; j < S; j++) {
-            const float *kj = kb + (size_t)j * D;
-            float dot = 0.f;
-            #pragma omp simd reduction(+ : dot)
-            for (int i = 0; i < D; i++) dot += qv[i] * kj[i];
-            p[j] = dot * scale;
-            top = p[j] > top ? p[j] : top;
-        }
-        total = exp_shifted(p + start[b], S - start[b], top);
-        for (int i = 0; i < D; i++) o[i] = 0.f;
-        for (int j = start[b]; j < S; j++) {
-            const float *vj = vb + (size_t)j * D;
-            float w = p[j] / total;
-            #pragma omp simd
-            for (int i = 0; i < D; i++) o[i] += w * vj[i];
-        }
-    }
 }
