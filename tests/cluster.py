@@ -51,7 +51,8 @@ def haproxy() -> str | None:
 
 def loopback_haproxy_config(source: str, *, port: int, stats_port: int, servers: dict[str, str]) -> str:
     """deploy/haproxy/haproxy.cfg with its API and stats frontends bound to loopback ports and its
-    backend's servers replaced by `servers` (name -> host:port). Everything else is kept."""
+    backend's servers replaced by `servers` (name -> host:port) and a loopback-sized global maxconn.
+    Everything else is kept."""
     out: list[str] = []
     section = ""
     seen: set[str] = set()
@@ -66,6 +67,12 @@ def loopback_haproxy_config(source: str, *, port: int, stats_port: int, servers:
             out.append(f"    bind 127.0.0.1:{port if section == API_FRONTEND else stats_port}")
             continue
         elif section == BACKEND and stripped.startswith(("server ", "server-template ")):
+            continue
+        elif section == "global" and stripped.startswith("maxconn "):
+            # HAProxy asks for ~2 file descriptors per connection at start. A test process that
+            # imported mlx_lm has a soft limit of 2048 (mlx_lm.utils sets RLIMIT_NOFILE to
+            # (2048, 4096) at import), which HAProxy inherits and cannot raise for 8192.
+            out.append("    maxconn 512")
             continue
         out.append(line)
     if section == BACKEND:
