@@ -17,7 +17,8 @@ from tests.conformance import assert_response
 from tests.redis_support import drop_namespace, new_namespace, shared_redis_url
 from tests.support import Kiln
 
-pytestmark = pytest.mark.e2e
+# Slow suite: tests/e2e/test_cluster.py runs a longer chain across replicas (through HAProxy, hosted) in CI.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 
