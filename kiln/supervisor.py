@@ -92,6 +92,22 @@ class Child:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def restart_when_due(self, now: float) -> bool:
+        """Restart an exited worker with back-off. The first call after it exits schedules the
+        restart and returns True (the exit is news); a call at or past that time starts it again.
+        The back-off is longer when it died soon after starting (e.g. a model that won't load)."""
+        if self.next_start == 0.0:
+            quick = now - self.started_at < 30
+            delay = min(30.0, 0.5 * (2 ** min(self.restarts, 6))) if quick else 0.5
+            self.next_start = now + delay
+            log.warning("worker exited; restarting", extra={"worker": self.name, "code": self.code, "in_s": delay})
+            return True
+        if now >= self.next_start:
+            self.restarts += 1
+            self.next_start = 0.0
+            self.start()
+        return False
+
     @property
     def code(self) -> int | None:
         return self.process.returncode if self.process is not None else None
@@ -228,16 +244,8 @@ class Supervisor:
             for worker in group.workers:
                 if worker.process is None or worker.alive():
                     continue
-                if worker.next_start == 0.0:
+                if worker.restart_when_due(now):
                     self._tell(ModelExited(group.model, worker.code if worker.code is not None else -1))
-                    quick = now - worker.started_at < 30
-                    delay = min(30.0, 0.5 * (2 ** min(worker.restarts, 6))) if quick else 0.5
-                    worker.next_start = now + delay
-                    log.warning("worker exited; restarting", extra={"worker": worker.name, "code": worker.code, "in_s": delay})
-                elif now >= worker.next_start:
-                    worker.restarts += 1
-                    worker.next_start = 0.0
-                    worker.start()
 
     def _tell(self, message: ControlMessage) -> None:
         if self.control is not None:
@@ -305,16 +313,7 @@ class Supervisor:
                 # Exited before any worker registered: a model that cannot load fails now.
                 log.error("worker exited during start; stopping", extra={"worker": worker.name, "code": worker.code})
                 return _exit_status(worker.code)
-            if worker.next_start == 0.0:
-                # Back off longer when a worker dies soon after starting (e.g. a model that won't load).
-                quick = now - worker.started_at < 30
-                delay = min(30.0, 0.5 * (2 ** min(worker.restarts, 6))) if quick else 0.5
-                worker.next_start = now + delay
-                log.warning("worker exited; restarting", extra={"worker": worker.name, "code": worker.code, "in_s": delay})
-            elif now >= worker.next_start:
-                worker.restarts += 1
-                worker.next_start = 0.0
-                worker.start()
+            worker.restart_when_due(now)
         return None
 
     def _registered_any(self) -> bool:
