@@ -170,32 +170,29 @@ end
 return conv_keep(p, key, d, now, tonumber(ARGV[7]), tonumber(ARGV[8]))
 """
 
-# ARGV: prefix, key, id if new, created_at if new, ttl ms, max entries, max bytes, items...
-# Starts the conversation when it does not exist. 1 if still kept.
-CONV_APPEND = LIB + _CONV_SIZE + r"""
+def _conv_write(write_items: str) -> str:
+    """A script that starts the conversation when it does not exist, writes its items with
+    ``write_items`` (Lua: items from ARGV[8] on), and applies the limits. 1 if still kept.
+
+    ARGV: prefix, key, id if new, created_at if new, ttl ms, max entries, max bytes, items...
+    """
+    return LIB + _CONV_SIZE + r"""
 local p, key = ARGV[1], ARGV[2]
 local d = p .. ':d:' .. key
 local now = now_ms()
 expire_due(p, now)
 if tonumber(ARGV[6]) <= 0 then return 0 end
 if redis.call('EXISTS', d) == 0 then conv_start(p, key, d, ARGV[3], ARGV[4], '{}', tonumber(ARGV[5]), now) end
-redis.call('HINCRBY', d, 'ib', push_all(d .. ':items', 8))
+""" + write_items + r"""
 return conv_keep(p, key, d, now, tonumber(ARGV[6]), tonumber(ARGV[7]))
 """
 
-# ARGV: prefix, key, id if new, created_at if new, ttl ms, max entries, max bytes, items...
-# The items become exactly these (a compacted history). 1 if still kept.
-CONV_REPLACE = LIB + _CONV_SIZE + r"""
-local p, key = ARGV[1], ARGV[2]
-local d = p .. ':d:' .. key
-local now = now_ms()
-expire_due(p, now)
-if tonumber(ARGV[6]) <= 0 then return 0 end
-if redis.call('EXISTS', d) == 0 then conv_start(p, key, d, ARGV[3], ARGV[4], '{}', tonumber(ARGV[5]), now) end
-redis.call('DEL', d .. ':items')
-redis.call('HSET', d, 'ib', push_all(d .. ':items', 8))
-return conv_keep(p, key, d, now, tonumber(ARGV[6]), tonumber(ARGV[7]))
-"""
+
+# Adds the items after those already there.
+CONV_APPEND = _conv_write("redis.call('HINCRBY', d, 'ib', push_all(d .. ':items', 8))")
+
+# The items become exactly these (a compacted history).
+CONV_REPLACE = _conv_write("redis.call('DEL', d .. ':items')\nredis.call('HSET', d, 'ib', push_all(d .. ':items', 8))")
 
 # ARGV: prefix, key, metadata json, max entries, max bytes. 1 if kept, 0 if unknown.
 CONV_METADATA = LIB + _CONV_SIZE + r"""
