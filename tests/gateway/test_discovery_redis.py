@@ -4,8 +4,6 @@ test is skipped without one, like the other Redis tests)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import time
 
 import pytest
@@ -14,21 +12,13 @@ from kiln.gateway.advertise import Advertiser
 from kiln.protocol.discovery import live_addresses
 from kiln.worker.discovery import RedisDiscovery
 
-REDIS_URL = os.environ.get("KILN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.redis_support import REDIS_URL, new_namespace, shared_redis_url
 
 
 @pytest.fixture
-async def namespace():
-    from redis.asyncio import Redis
-
-    probe = Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        await probe.ping()
-    except Exception as exc:
-        pytest.skip(f"Redis unavailable at {REDIS_URL}: {exc}")
-    finally:
-        await probe.aclose()
-    return "kiln-test-" + secrets.token_hex(6)
+def namespace():
+    shared_redis_url()  # skips the test when CI's Redis is not there
+    return new_namespace()
 
 
 def test_only_sane_addresses_are_taken():
