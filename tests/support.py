@@ -9,12 +9,24 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.2) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False): a bounded
+    wait for what another process does, never a sleep standing in for synchronization."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from kiln.protocol.model_config import ConfigError, load_config
 from tests.conformance import assert_model_list
-from tests.support import free_port
+from tests.support import free_port, wait_until
 from tests.worker.tiny_gguf import TOOLS_TEMPLATE
 
 
@@ -36,14 +36,6 @@ def tiny_qwen3(tmp_path_factory) -> Path:
     gguf_file, _ = write_pair("qwen3", "Q8_0", md, tmp_path_factory.mktemp("qwen3"), chat_template=THINKING_TEMPLATE)
     return gguf_file
 
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def _health(base: str) -> list[dict]:
@@ -108,7 +100,7 @@ idle_stop = "5s"
     )  # fmt: skip
     log = lambda: (tmp_path / "serve.log").read_text()[-3000:]  # noqa: E731
     try:
-        assert _wait(lambda: len(_health(base)) == 3, 240), log()
+        assert wait_until(lambda: len(_health(base)) == 3, 240), log()
         by_model: dict[str, int] = {}
         for w in _health(base):
             by_model[w["model"]] = by_model.get(w["model"], 0) + 1
@@ -158,11 +150,11 @@ idle_stop = "5s"
         now = {m["id"]: m for m in httpx.get(base + "/v1/models", timeout=5).json()["data"]}["tiny-qwen3-later"]
         assert now["loaded"] is True and now["capabilities"]["reasoning"] is True
         # ... and after its idle time with nothing in flight the process exits: its memory is back.
-        assert _wait(lambda: _gone(pid), 120), log()
+        assert wait_until(lambda: _gone(pid), 120), log()
         stopped_after_s = time.monotonic() - answered
         assert stopped_after_s >= 5 - 0.5
         later_now = lambda: {m["id"]: m for m in httpx.get(base + "/v1/models", timeout=5).json()["data"]}["tiny-qwen3-later"]  # noqa: E731
-        assert _wait(lambda: later_now()["status"] == "not_loaded", 30)  # once the supervisor has said it is gone
+        assert wait_until(lambda: later_now()["status"] == "not_loaded", 30)  # once the supervisor has said it is gone
         now = later_now()
         assert now["loaded"] is False
         assert now["capabilities"]["reasoning"] is True  # what it reported when it ran

@@ -22,18 +22,10 @@ import httpx
 import pytest
 
 from tests.conformance import assert_error, assert_model_list
-from tests.support import Kiln, free_port
+from tests.support import Kiln, free_port, wait_until
 
 LOAD_BOUND_S = 180  # a worker process start on a busy 2-core machine, with room to spare
 
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def _gone(pid: int) -> bool:
@@ -57,7 +49,7 @@ class Serve:
              "--config", str(path), "--log-level", "info", *args],
             env=env, stdout=open(tmp / "serve.out", "wb"), stderr=open(self.log, "wb"),
         )  # fmt: skip
-        assert _wait(self.up, 120), self.tail()
+        assert wait_until(self.up, 120), self.tail()
 
     def up(self) -> bool:
         try:
@@ -221,7 +213,7 @@ load = "on-demand"
         assert missing.status_code == 404
         # The worker reports its resident memory (what a budget counts for a model without `memory`).
         worker = lambda: httpx.get(base + "/health", timeout=5).json()["workers"][0]  # noqa: E731
-        assert _wait(lambda: worker()["rss_bytes"] > 0, 30)
+        assert wait_until(lambda: worker()["rss_bytes"] > 0, 30)
         with open(f"/proc/{worker()['pid']}/status") as f:
             vm_rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
         assert 0.5 < worker()["rss_bytes"] / vm_rss < 2

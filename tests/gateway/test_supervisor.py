@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 
 def _children(pid: int) -> list[int]:
@@ -26,14 +25,6 @@ def _workers(base: str) -> list[dict]:
         return []
 
 
-def _wait(predicate, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
 
 def test_serve_restarts_workers_and_stops_cleanly(tmp_path):
     port = free_port()
@@ -44,19 +35,19 @@ def test_serve_restarts_workers_and_stops_cleanly(tmp_path):
         env=env, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
     )
     try:
-        assert _wait(lambda: len(_workers(base)) == 2), (tmp_path / "serve.log").read_text()
+        assert wait_until(lambda: len(_workers(base)) == 2), (tmp_path / "serve.log").read_text()
         children = _children(proc.pid)
         assert len(children) == 3  # gateway + 2 workers
         before = {w["id"] for w in _workers(base)}
         worker_pids = [c for c in children if b"kiln.worker" in open(f"/proc/{c}/cmdline", "rb").read()]
         os.kill(worker_pids[0], signal.SIGKILL)
         # The supervisor starts a replacement, which registers under a new id.
-        assert _wait(lambda: len({w["id"] for w in _workers(base)} - before) == 1 and len(_workers(base)) == 2, 90)
+        assert wait_until(lambda: len({w["id"] for w in _workers(base)} - before) == 1 and len(_workers(base)) == 2, 90)
         r = httpx.post(base + "/v1/responses", json={"model": "kiln-scripted", "input": "hi", "max_output_tokens": 3}, timeout=30)
         assert r.status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        assert _wait(lambda: all(not os.path.exists(f"/proc/{c}") or open(f"/proc/{c}/stat").read().split()[2] == "Z" for c in children), 20)
+        assert wait_until(lambda: all(not os.path.exists(f"/proc/{c}") or open(f"/proc/{c}/stat").read().split()[2] == "Z" for c in children), 20)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -101,12 +92,12 @@ def _cmdline(pid: int) -> bytes:
 def test_serve_restarts_a_dead_gateway(tmp_path):
     proc, base, _ = _serve(tmp_path, "--engine", "scripted")
     try:
-        assert _wait(lambda: len(_workers(base)) == 1), (tmp_path / "serve.log").read_text()
+        assert wait_until(lambda: len(_workers(base)) == 1), (tmp_path / "serve.log").read_text()
         gateway = [c for c in _children(proc.pid) if b"kiln.gateway" in _cmdline(c)]
         assert len(gateway) == 1
         os.kill(gateway[0], signal.SIGKILL)
         # A new gateway process comes up on the same port and the worker registers with it again.
-        assert _wait(lambda: len(_workers(base)) == 1 and gateway[0] not in _children(proc.pid), 90), (tmp_path / "serve.log").read_text()
+        assert wait_until(lambda: len(_workers(base)) == 1 and gateway[0] not in _children(proc.pid), 90), (tmp_path / "serve.log").read_text()
         r = httpx.post(base + "/v1/responses", json={"model": "kiln-scripted", "input": "hi", "max_output_tokens": 3}, timeout=30)
         assert r.status_code == 200
         assert proc.poll() is None
@@ -123,13 +114,13 @@ def test_killed_serve_leaves_no_orphans(tmp_path):
     proc, base, port = _serve(tmp_path, "--engine", "scripted", workers=2)
     children: list[int] = []
     try:
-        assert _wait(lambda: len(_workers(base)) == 2), (tmp_path / "serve.log").read_text()
+        assert wait_until(lambda: len(_workers(base)) == 2), (tmp_path / "serve.log").read_text()
         children = _children(proc.pid)
         assert len(children) == 3
         proc.kill()  # SIGKILL: no chance to stop its children itself
         proc.wait(10)
-        assert _wait(lambda: all(_gone(c) for c in children), 30), [c for c in children if not _gone(c)]
-        assert _wait(lambda: _port_free(port), 10)
+        assert wait_until(lambda: all(_gone(c) for c in children), 30), [c for c in children if not _gone(c)]
+        assert wait_until(lambda: _port_free(port), 10)
     finally:
         for c in children:
             if not _gone(c) and (b"kiln.worker" in _cmdline(c) or b"kiln.gateway" in _cmdline(c)):
@@ -151,7 +142,7 @@ def test_serve_fails_at_start_when_the_model_cannot_load(tmp_path):
     assert not any(e["msg"] == "worker exited; restarting" for e in entries)
     # The worker's own error, as one JSON line, says why.
     assert any(e["level"] in ("error", "critical") and "model not found" in e.get("exc", "") + e["msg"] for e in entries), log_text
-    assert _wait(lambda: _port_free(port), 10)
+    assert wait_until(lambda: _port_free(port), 10)
 
 
 def test_serve_fails_at_start_when_the_gateway_cannot_bind(tmp_path):
