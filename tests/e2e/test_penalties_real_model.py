@@ -3,9 +3,11 @@ the bundled model, and are echoed on the Response (issue 15, point 0)."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests.conformance import assert_response
+from tests.support import Kiln
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Repeat the word 'apple' twenty times, separated by spaces."
@@ -19,7 +21,19 @@ def _answer(http, **extra) -> dict:
     return body
 
 
-@pytest.mark.xfail(reason="the native step's 8-bit activations changed the bundled model's plain greedy answer to one with no repeated word, so 'penalized text repeats its top word less' cannot show; to be restored on the float32 path (issue 20)", strict=False)
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    """A server of this module's own, decoding with float32 activations: the assertions below
+    compare greedy texts word for word, and the native step's 8-bit activations may flip a near tie
+    (as in tests/worker/test_engine.py and test_multi_model.py)."""
+    server = Kiln(tmp_path_factory.mktemp("penalties"), env={"KILN_NATIVE_ACTIVATIONS": "float32"}).start()
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=900) as client:
+            yield client
+    finally:
+        server.stop()
+
+
 def test_penalties_change_greedy_output(http):
     plain = _answer(http)
     again = _answer(http)
