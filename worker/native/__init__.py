@@ -49,7 +49,10 @@ SOURCES = (HERE / "qmatmul.c", SOURCE)
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
 CACHE_ENV = "KILN_NATIVE_CACHE"
 PORTABLE_ENV = "KILN_NATIVE_PORTABLE"
-_FLAGS = ["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wno-psabi", "-shared", "-fPIC"]
+# Every variant's code generation flags, then those that make it a shared library (separate
+# so that tests/worker/native_driver.c can be built as a program with exactly the same code).
+COMPILE_FLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wno-psabi")
+_LIBRARY_FLAGS = ("-shared", "-fPIC")
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,10 @@ _ARM = (Variant("dotprod", ("-march=armv8.2-a+dotprod",), frozenset({"asimddp"})
 PORTABLE = Variant("portable", (), frozenset())
 
 
-def variants() -> tuple[Variant, ...]:
-    """This architecture's builds, fastest first, the portable one last."""
-    machine = platform.machine().lower()
+def variants(machine: str | None = None) -> tuple[Variant, ...]:
+    """This architecture's builds (or those of ``machine``, as platform.machine() names it),
+    fastest first, the portable one last."""
+    machine = (machine or platform.machine()).lower()
     if machine in ("x86_64", "amd64"):
         return (*_X86, PORTABLE)
     if machine in ("aarch64", "arm64"):
@@ -159,7 +163,7 @@ def _cache_dir() -> Path:
 
 
 def _build(compiler: str, variant: Variant) -> Path:
-    flags = [*_FLAGS, *variant.flags]
+    flags = [*COMPILE_FLAGS, *_LIBRARY_FLAGS, *variant.flags]
     parts = [*(src.read_bytes() for src in SOURCES), compiler.encode(), " ".join(flags).encode(), platform.machine().encode(), _cpu_flags()[0].encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = _cache_dir() / f"kiln-{variant.name}-{key}.so"
