@@ -337,6 +337,31 @@ def test_team_size_follows_the_faster_measurement(monkeypatch):
     assert fixed.current == 2
 
 
+def test_only_the_thread_that_claims_the_team_computes_on_it(kernel):
+    """libgomp throttles every pool of threads once a second thread has one of its own
+    (CpuKernels.claim_team), which made the decode step twice as slow: so the thread that claims
+    the team (the engine's) computes on all of it, and any other thread on one."""
+    import threading
+
+    seen = {}
+
+    def other():
+        seen["other"] = kernel.threads_here()
+
+    def engine():
+        kernel.claim_team()
+        seen["owner"] = kernel.threads_here()
+        helper = threading.Thread(target=other)
+        helper.start()
+        helper.join()
+
+    owner = threading.Thread(target=engine)
+    owner.start()
+    owner.join()
+    assert seen == {"owner": kernel.team.current, "other": 1}
+    assert kernel.threads_here() == 1  # the test's own thread does not own it either
+
+
 def test_native_prefill_leaves_the_cache_mlx_leaves(loader_model):
     """Prompts of one length prefilled by the native pass (KV only, as the scheduler's short
     groups are) give the next step the logits mlx's own prefill gives it, within tolerance."""

@@ -289,7 +289,7 @@ class NativeDecoder:
         need = self._lib.kiln_forward_work(model, rows * new, idx + new)
         if self._work.size < need:
             self._work = np.empty(need, np.float32)
-        with self._kernels.team.step(rows * new):
+        with self._kernels.forward_pass(rows * new):
             status = self._lib.kiln_forward(
                 model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
                 idx, head_rows, _INT8_ALL if self.int8 else 0, logits.ctypes.data, self._work.ctypes.data,

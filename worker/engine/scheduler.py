@@ -31,6 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from ..native import claim_team
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
@@ -150,6 +151,7 @@ class Scheduler:
         return not (self._waiting or self._cancels or self._prefills or len(self._batch))
 
     def _run(self) -> None:
+        claim_team()  # before the build check's passes: only this thread opens native teams
         self._native = self._batch.native = NativeDecoder.build(self._model)
         try:
             while True:

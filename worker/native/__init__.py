@@ -32,7 +32,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -110,12 +113,54 @@ class CpuKernels:
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
+        library.kiln_threads.restype = i32
         # The forward pass's team: all `threads`, or one where that measures faster (threads.py).
         self.team = TeamSize(threads, self.set_threads, threads_fixed)
+        self._owner: int | None = None  # the thread whose passes use the team (claim_team)
+        self._alone = threading.local()  # .set: this other thread's passes already run on one
 
     def set_threads(self, n: int) -> None:
-        """Use n threads for the parallel loops from now on (bench/native_step.py compares)."""
+        """Use n threads for the calling thread's parallel loops from now on."""
         self._lib.kiln_set_threads(n)
+
+    def claim_team(self) -> None:
+        """Make the calling thread the one whose passes run on the whole team; every other
+        thread's passes run on one thread.
+
+        Why: libgomp keeps a pool of threads for each thread that opens a parallel region, and
+        once it manages more threads than the process has cores it throttles all of them: their
+        barriers stop spinning and sleep in the kernel almost at once. The decode step meets at
+        about ten barriers a layer, and with a second pool (the worker's main thread had run
+        products while loading, the engine thread ran the steps) a one-row SmolLM2 step took
+        about twice as long on two threads, as slow as on one. So exactly one thread, the
+        engine's, opens teams of more than one; loading, tests and other callers compute alone.
+        """
+        self._owner = threading.get_ident()
+        self._alone.set = False
+        self.set_threads(self.team.current)
+
+    def threads_here(self) -> int:
+        """The team size the calling thread's next pass uses."""
+        self.enter()
+        return int(self._lib.kiln_threads())
+
+    def enter(self) -> None:
+        """Before a pass on the calling thread: a thread that does not own the team runs its
+        passes on one thread (claim_team says why)."""
+        if threading.get_ident() != self._owner and not getattr(self._alone, "set", False):
+            self._lib.kiln_set_threads(1)
+            self._alone.set = True
+
+    @contextmanager
+    def forward_pass(self, tokens: int) -> Iterator[None]:
+        """Around one forward pass of ``tokens`` tokens: the owner's team size follows the
+        measurements (threads.py); another thread's pass runs on one thread."""
+        if threading.get_ident() == self._owner:
+            with self.team.step(tokens):
+                yield
+        else:
+            self.enter()
+            yield
 
     @property
     def library(self) -> ctypes.CDLL:
@@ -129,6 +174,7 @@ class CpuKernels:
         n = q.shape[0]
         y = np.empty((rows, n), dtype=np.float32)
         work = np.empty(rows * k, dtype=np.float32)
+        self.enter()
         status = self._lib.kiln_qmm(
             bits, rows, n, k, group_size,
             q.ctypes.data, scales.ctypes.data, biases.ctypes.data, x.ctypes.data, y.ctypes.data, work.ctypes.data,
@@ -210,6 +256,16 @@ def _candidates() -> list[Variant]:
         return [PORTABLE]
     _, flags = _cpu_flags()
     return [v for v in variants() if flags is None or v.needs <= flags]
+
+
+def claim_team() -> None:
+    """The calling thread (the engine's) runs the kernels' passes on the whole team from now
+    on, others on one thread (CpuKernels.claim_team says why); nothing where the kernels are not
+    loaded (this builds nothing)."""
+    if cpu_kernels.cache_info().currsize:
+        kernels = cpu_kernels()
+        if kernels is not None:
+            kernels.claim_team()
 
 
 @lru_cache(maxsize=1)

@@ -652,12 +652,22 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
     return 0;
 }
 
-/* The team size of later passes (libgomp reads OMP_NUM_THREADS once, at load). */
+/* The team size of the calling thread's later passes (libgomp keeps it per thread; a thread
+ * starts with OMP_NUM_THREADS, which libgomp reads once, at load). */
 void kiln_set_threads(int n) {
 #ifdef _OPENMP
     if (n > 0) omp_set_num_threads(n);
 #else
     (void)n;
+#endif
+}
+
+/* The team size the calling thread's next pass would use. */
+int kiln_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
 #endif
 }
 
