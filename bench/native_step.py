@@ -72,6 +72,7 @@ def main() -> None:
     if decoder is None:
         raise SystemExit("the native pass does not run here (no C compiler, or it disagreed with mlx)")
     kernels = decoder._kernels
+    kernels.claim_team()  # this thread computes on the team, as the worker's engine thread does
     layers = [_layer(block, inner.norm.eps) for block in inner.layers]
     head = inner.embed_tokens._packed
     passes = {"native f32": NativeDecoder(model, layers, head, int8=False)}
