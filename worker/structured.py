@@ -121,12 +121,14 @@ def bounded_formats(schema: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def function_tools(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict]]:
+def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict]]:
     """(name, parameters) for every callable function, namespaces flattened as ``ns<sep>name``.
 
     Accepts Responses-style tools (``{"type": "function", "name", "parameters"}``), Chat-style
     ones (``{"type": "function", "function": {...}}``) and Codex ``namespace`` groups; other
-    tool types (web_search, ...) are not model-emitted function calls and are skipped.
+    tool types (web_search, ...) are not model-emitted function calls and are skipped. A request
+    arrives with its tools already flat (``GenerateRequest.tools``, flattened at the gateway's
+    edge); these other shapes are what the grammar builder accepts when used on its own.
     """
     out: list[tuple[str, dict]] = []
     for tool in tools:
@@ -139,7 +141,7 @@ def function_tools(tools: Iterable[Mapping[str, Any]], *, namespace_separator: s
                 out.append((name, params if isinstance(params, dict) and params else {"type": "object"}))
         elif kind == "namespace":
             prefix = f"{tool.get('name')}{namespace_separator}"
-            for name, params in function_tools(tool.get("tools") or (), namespace_separator=namespace_separator):
+            for name, params in _grammar_functions(tool.get("tools") or (), namespace_separator=namespace_separator):
                 out.append((prefix + name, params))
     return out
 
@@ -162,7 +164,7 @@ def tool_call_grammar(
     as single special tokens, pass ``tags_are_special_tokens`` so the grammar names those tokens
     instead of spelling their text (which a special token's bytes would never match).
     """
-    functions = function_tools(tools)
+    functions = _grammar_functions(tools)
     if choice == "required":
         selected = functions
     elif isinstance(choice, Mapping) and choice.get("type") == "function":
@@ -445,7 +447,6 @@ __all__ = [
     "GrammarError",
     "JSON_COMPILE_OPTIONS",
     "canonical_json",
-    "function_tools",
     "grammar_for_format",
     "parser_limits",
     "tool_call_grammar",

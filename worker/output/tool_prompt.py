@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from .tool_calls.base import Tools, function_tools
+from .tool_calls.base import Tools, only_functions
 
 _TOOLS_VAR = re.compile(r"\btools\b")
 
@@ -61,7 +61,7 @@ def render_tools_system_prompt(
     """
     if tool_choice == "none":
         return ""
-    chosen, rule = _chosen(function_tools(tools), tool_choice)
+    chosen, rule = _chosen(only_functions(tools), tool_choice)
     if not chosen:
         return ""
     lines = [
