@@ -32,6 +32,13 @@ from tests.redis_support import RedisServer, drop_namespace, new_namespace, shar
 USAGE = {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0}}
 
 
+def _text(item: dict) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+
+
 class TalkingPool(FakePool):
     """The fake worker (scripted, named as such): it answers each generation with one message,
     ``seen N: <last user text>`` (N: the user messages it was given, so history shows), and
