@@ -62,6 +62,16 @@ def worker_request(body: Mapping[str, Any], items: Sequence[Mapping[str, Any]] |
         raise refusal(exc) from None
 
 
+def check_sampling(body: Mapping[str, Any]) -> None:
+    """Refuse bad sampling values when the request is prepared, before compaction or any other
+    work on its behalf (the request itself is built when it is sent, from the body as it then
+    stands)."""
+    try:
+        sampling(body)
+    except InvalidParam as exc:
+        raise refusal(exc) from None
+
+
 def refusal(exc: InvalidParam) -> ApiError:
     return invalid(exc.message, param=exc.param)
 
