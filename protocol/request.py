@@ -221,10 +221,14 @@ class ToolChoice:
         if isinstance(value, Mapping):
             kind = value.get("type")
             if kind == "function":
-                return cls("named", name=_string(value.get("name") or (value.get("function") or {}).get("name"), "tool_choice"))
+                nested = value.get("function")
+                name = value.get("name") or (nested.get("name") if isinstance(nested, Mapping) else None)
+                return cls("named", name=_string(name, "tool_choice"))
             if kind == "allowed_tools":
                 mode: ToolMode = "required" if value.get("mode") == "required" else "auto"
                 tools = value.get("tools") or ()
+                if not isinstance(tools, (list, tuple)):
+                    raise InvalidParam("tool_choice", "Invalid 'tool_choice.tools': expected a list of tools.")
                 names = tuple(str(t["name"]) for t in tools if isinstance(t, Mapping) and isinstance(t.get("name"), str))
                 return cls(mode, allowed=names)
         raise InvalidParam("tool_choice", "Invalid value for 'tool_choice'.")

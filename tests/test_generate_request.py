@@ -139,3 +139,10 @@ def test_request_derived_views():
     silent = GenerateRequest("m", tools=FULL.tools, tool_choice=ToolChoice("none"))
     assert silent.offered_tools == () and not silent.forces_call
     assert GenerateRequest("m", tool_choice=ToolChoice("required")).forces_call is False  # no tools, nothing to force
+
+
+@pytest.mark.parametrize("api", ["sometimes", 3, {"type": "allowed_tools", "tools": 5}, {"type": "function", "function": "f"}, {"type": "web_search"}])
+def test_a_tool_choice_of_no_known_shape_is_invalid_not_a_crash(api):
+    with pytest.raises(InvalidParam) as caught:
+        ToolChoice.from_api(api)
+    assert caught.value.param == "tool_choice"
