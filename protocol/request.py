@@ -322,11 +322,19 @@ class FunctionCall:
     name: str
     arguments: str = ""  # JSON text, as the model wrote it
 
+    def __post_init__(self) -> None:
+        for value in (self.call_id, self.name, self.arguments):
+            _string(value, "input")
+
 
 @dataclass(frozen=True)
 class FunctionCallOutput:
     call_id: str
     output: str  # the text of the output (a list of parts is joined by the gateway)
+
+    def __post_init__(self) -> None:
+        _string(self.call_id, "input")
+        _string(self.output, "input")
 
 
 @dataclass(frozen=True)
@@ -335,6 +343,9 @@ class Reasoning:
 
     text: str
 
+    def __post_init__(self) -> None:
+        _string(self.text, "input")
+
 
 @dataclass(frozen=True)
 class Marker:
@@ -342,6 +353,9 @@ class Marker:
     worker answers with (``Compacted``) are positions in the gateway's list."""
 
     type: str
+
+    def __post_init__(self) -> None:
+        _string(self.type, "input")
 
 
 InputItem = Union[Message, FunctionCall, FunctionCallOutput, Reasoning, Marker]
