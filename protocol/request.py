@@ -202,14 +202,6 @@ class ToolChoice:
         ``allowed_tools`` subset in required mode is asked for in the prompt only.)"""
         return self.mode == "named" or (self.mode == "required" and self.allowed is None)
 
-    def to_api(self) -> str | dict[str, Any]:
-        """The Responses ``tool_choice`` shape, for the prompt and grammar builders."""
-        if self.mode == "named":
-            return {"type": "function", "name": self.name}
-        if self.allowed is not None:
-            return {"type": "allowed_tools", "mode": self.mode, "tools": [{"type": "function", "name": n} for n in self.allowed]}
-        return self.mode
-
     @classmethod
     def from_api(cls, value: object) -> ToolChoice:
         """From the Responses shape: "auto" / "none" / "required", ``{"type": "function", "name"}``

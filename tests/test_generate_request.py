@@ -125,10 +125,12 @@ def test_a_malformed_request_is_refused_on_decode(request_value):
         decode(frame)
 
 
-def test_tool_choice_api_shapes_round_trip():
-    for api in ("auto", "none", "required", {"type": "function", "name": "f"}, {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "f"}]}):
-        assert ToolChoice.from_api(api).to_api() == api
-    assert ToolChoice.from_api(None) == ToolChoice()
+def test_tool_choice_from_the_api_shapes():
+    assert [ToolChoice.from_api(api) for api in (None, "auto", "none", "required")] == [ToolChoice(), ToolChoice(), ToolChoice("none"), ToolChoice("required")]
+    assert ToolChoice.from_api({"type": "function", "name": "f"}) == ToolChoice("named", name="f")
+    assert ToolChoice.from_api({"type": "function", "function": {"name": "f"}}) == ToolChoice("named", name="f")  # the Chat shape
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "g"}]}
+    assert ToolChoice.from_api(allowed) == ToolChoice("required", allowed=("f", "g"))
     assert ToolChoice.from_api("required").forces_call and ToolChoice.from_api({"type": "function", "name": "f"}).forces_call
     assert not ToolChoice.from_api({"type": "allowed_tools", "mode": "required", "tools": []}).forces_call  # asked in the prompt only
 

@@ -29,7 +29,7 @@ def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constrai
     def tools_prompt(request: GenerateRequest) -> str | None:
         if takes_tools:
             return None
-        return render_tools_system_prompt(functions(request), request.tool_choice.to_api(), request.parallel_tool_calls) or None
+        return render_tools_system_prompt(functions(request), request.tool_choice, request.parallel_tool_calls) or None
 
     parser_for(template, override=override)  # an unknown --tool-parser fails at start, not per request
 
@@ -100,7 +100,7 @@ class Constraints:
         try:
             if forced:
                 # Exactly one call: small models otherwise keep calling until the token limit.
-                return [self.compiler().tool_call_processor(strict_tools(request.tools), request.tool_choice.to_api(), False)]
+                return [self.compiler().tool_call_processor(strict_tools(request.tools), request.tool_choice, False)]
             return [self.compiler().processor_for(request.text_format.to_api())]
         except GrammarError as exc:
             raise ValueError(str(exc)) from exc

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Literal, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence
 
 import llguidance
 import mlx.core as mx
@@ -32,13 +32,12 @@ from llguidance.numpy import fill_next_token_bitmask
 from tokenizers import Tokenizer as HFTokenizer
 
 from kiln.protocol.grammar import JSON_COMPILE_OPTIONS, TOOL_ARGS_OPTIONS, parser_limits
+from kiln.protocol.request import InvalidParam, ToolChoice
 
 log = logging.getLogger(__name__)
 
 COMPILE_SLOW_S = 0.5
 _NEG_INF = float("-inf")
-
-ToolChoice = Union[Literal["required"], Mapping[str, Any]]
 
 
 class GrammarError(ValueError):
@@ -148,7 +147,7 @@ def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separato
 
 def tool_call_grammar(
     tools: Sequence[Mapping[str, Any]],
-    choice: ToolChoice,
+    choice: ToolChoice | str | Mapping[str, Any],
     parallel: bool,
     *,
     open_tag: str = "<tool_call>",
@@ -158,20 +157,24 @@ def tool_call_grammar(
     """A Lark grammar for forced Hermes tool calls, for ``GrammarCompiler.processor_for_grammar``.
 
     Output shape: ``<tool_call>\\n{"name": "<name>", "arguments": <JSON>}\\n</tool_call>``, where
-    each name is paired with its own tool's ``parameters`` schema. ``choice`` is "required"
-    (any of the tools) or ``{"type": "function", "name": ...}`` (that one). With ``parallel``
+    each name is paired with its own tool's ``parameters`` schema. ``choice`` (the request's
+    ``ToolChoice``, or its Responses API shape) is "required" (any of the tools) or a named
+    function (that one). With ``parallel``
     the model may emit one or more calls separated by a newline. When the tokenizer has the tags
     as single special tokens, pass ``tags_are_special_tokens`` so the grammar names those tokens
     instead of spelling their text (which a special token's bytes would never match).
     """
     functions = _grammar_functions(tools)
-    if choice == "required":
+    try:
+        mode = choice if isinstance(choice, ToolChoice) else ToolChoice.from_api(choice)
+    except InvalidParam:
+        raise GrammarError(f"tool_choice {choice!r} does not force a call") from None
+    if mode.mode == "required" and mode.allowed is None:
         selected = functions
-    elif isinstance(choice, Mapping) and choice.get("type") == "function":
-        wanted = choice.get("name") or (choice.get("function") or {}).get("name")
-        selected = [f for f in functions if f[0] == wanted]
+    elif mode.mode == "named":
+        selected = [f for f in functions if f[0] == mode.name]
         if not selected:
-            raise GrammarError(f"tool_choice names function {wanted!r}, which is not among the tools")
+            raise GrammarError(f"tool_choice names function {mode.name!r}, which is not among the tools")
     else:
         raise GrammarError(f"tool_choice {choice!r} does not force a call")
     if not selected:
@@ -261,7 +264,7 @@ class GrammarCompiler:
         return ConstraintProcessor(template.deep_copy(), self.stop_token_ids, self.vocab_size)
 
     def tool_call_processor(
-        self, tools: Sequence[Mapping[str, Any]], choice: ToolChoice, parallel: bool
+        self, tools: Sequence[Mapping[str, Any]], choice: ToolChoice | str | Mapping[str, Any], parallel: bool
     ) -> "ConstraintProcessor":
         """Force a Hermes tool call, naming the tags as special tokens when this vocab has them."""
         special = "<tool_call>" in self._special_tokens and "</tool_call>" in self._special_tokens
