@@ -20,6 +20,7 @@ from kiln.protocol.usage import Usage
 from .errors import ApiError, invalid
 from .generation import reply
 from .sealing import SealError, Sealer
+from .worker_request import worker_request
 from .workers import NoWorker, WorkerPool, routing_key
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -75,12 +76,13 @@ async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, k
     """Have a worker compact ``body["input"]`` (stored form; expanded here before sending)."""
     stored = body["input"]
     wire = {**body, "input": expand_items(stored, sealer)}
+    request = worker_request(wire)
     try:
         worker = pool.pick(model, routing_key(body))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
     req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, Compact(req_id, wire, keep_tokens, max_output_tokens))
+    channel = await pool.open(worker, req_id, Compact(req_id, request, keep_tokens, max_output_tokens))
     try:
         message = await reply(channel, timeout_s)
     finally:

@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kiln.protocol import Done, Event, Failed, Generate
+from kiln.protocol.request import GenerateRequest
 from kiln.protocol.usage import Usage
 
 from .errors import ApiError
 from .response_object import ResponseObject
+from .worker_request import worker_request
 from .workers import Channel, NoWorker, WorkerHandle, WorkerPool, routing_key
 
 # The code of a worker's refusal when its batch and queue are full (or its preparation queue).
@@ -46,6 +48,8 @@ class Generation:
         self.body = body
         self.model = model
         self.channel: Channel | None = None
+        # What the worker is sent, built by open() from the body as it then stands.
+        self.request: GenerateRequest | None = None
         self.cancelled = False
         # Who may see this response (the organization in hosted mode; None when auth is off).
         self.owner: Any = None
@@ -79,17 +83,20 @@ class Generation:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
         if self.done_without_worker:
             return
+        request = worker_request(self.body, self.wire_input)  # a bad value: 400 before anything is sent
         cache_key = routing_key(self.body)
         try:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
             raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
+        self.request = request
         await self._send_to(worker)
 
     async def _send_to(self, worker: WorkerHandle) -> None:
+        assert self.request is not None, "open() first"
         req_id = uuid.uuid4().hex
-        message = Generate(req_id=req_id, response_id=self.response.id, body={**self.body, "input": self.wire_input})
-        self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.body.get("max_output_tokens")))
+        message = Generate(req_id=req_id, response_id=self.response.id, request=self.request)
+        self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.request.sampling.max_output_tokens))
 
     def add_prefix_item(self, item: dict[str, Any]) -> None:
         """An output item the gateway made (a compaction), placed before the worker's items."""
@@ -228,12 +235,13 @@ async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeo
     """Ask a worker how many tokens ``body`` renders to."""
     from kiln.protocol import CountTokens, TokenCount
 
+    request = worker_request(body)
     try:
         worker = pool.pick(model, routing_key(body))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
     req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, body=body))
+    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, request=request))
     try:
         message = await reply(channel, timeout_s)
     finally:

@@ -33,6 +33,7 @@ from .store.lru import approx_bytes
 from .store.protocols import JobState, ResponseStore, StoreUnavailable
 from .store.responses import StoredResponse
 from .validation import check_for_model
+from .worker_request import check_sampling
 from .workers import NoWorker, WorkerPool, routing_key
 
 log = logging.getLogger("kiln.gateway.responses")
@@ -112,6 +113,7 @@ class ResponsesService:
         model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         body["model"] = model
         check_for_model(body, self.pool.context_window(model))
+        check_sampling(body)
         if body["background"]:
             self._check_background_allowed()
         own_input = _with_ids(self.unseal_items(await self.resolve_references(body["input"], owner)))

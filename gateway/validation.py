@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.protocol.request import MAX_SEED, MAX_TOP_LOGPROBS
+
 from .errors import invalid
 from .schema_check import check_json_schema, check_text_format
 
@@ -32,9 +34,6 @@ HOSTED_TOOL_TYPES = frozenset(
     }
 )
 MAX_TOOLS = 128
-INT64_MAX = (1 << 63) - 1
-# The seed reaches the worker's PRNG, which takes an unsigned 64-bit key; we keep it signed-safe.
-SEED_MAX = INT64_MAX
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 INPUT_ITEM_TYPES = frozenset(
     {
@@ -318,7 +317,7 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
     _expect(body, "instructions", (str,), "a string")
     # OpenAI's minimum is 16; Kiln keeps 1, which clients use for cheap probes (and tests rely on).
     _int_in(body, "max_output_tokens", 1)
-    _int_in(body, "seed", 0, SEED_MAX)
+    _int_in(body, "seed", 0, MAX_SEED)  # the typed request's bound: the worker's 64-bit PRNG key, signed-safe
     _int_in(body, "max_tool_calls", 1)
     _number_in(body, "temperature", 0, 2)
     _number_in(body, "top_p", 0, 1)
@@ -331,8 +330,8 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
     if safety_identifier is not None and len(safety_identifier) > 64:
         raise invalid("Invalid 'safety_identifier': at most 64 characters.", param="safety_identifier")
     top_logprobs = _expect(body, "top_logprobs", (int,), "an integer")
-    if top_logprobs is not None and not 0 <= top_logprobs <= 20:
-        raise invalid(f"Invalid 'top_logprobs': {top_logprobs} is out of range; expected 0 to 20.", param="top_logprobs")
+    if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise invalid(f"Invalid 'top_logprobs': {top_logprobs} is out of range; expected 0 to {MAX_TOP_LOGPROBS}.", param="top_logprobs")
     truncation = body.get("truncation")
     if truncation not in (None, "disabled"):
         raise invalid(f"Invalid value for 'truncation': only 'disabled' is supported, got {truncation!r}.", param="truncation")

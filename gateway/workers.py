@@ -85,7 +85,7 @@ class UsageLimits:
         """The limits implied by what the gateway asked ``info``'s worker for."""
         cap = None
         if isinstance(message, Generate):
-            cap = message.body.get("max_output_tokens")
+            cap = message.request.sampling.max_output_tokens
         elif isinstance(message, Compact):
             cap = message.max_output_tokens
         return cls.of(info.context_window, cap)

@@ -9,10 +9,26 @@ from typing import Any
 import msgpack
 
 from .messages import MESSAGE_TYPES
+from .request import GenerateRequest, InvalidParam
+
+# Fields that hold a typed value rather than plain msgpack values: encoded with ``to_wire()``,
+# decoded with ``from_wire()`` (which checks every range again).
+TYPED_FIELDS: dict[str, Any] = {"request": GenerateRequest}
 
 
 class ProtocolError(ValueError):
     """A frame that is not a message this version knows."""
+
+
+class InvalidRequest(ProtocolError):
+    """A well-formed request frame whose request has a value out of range: answered with a 400
+    naming ``param`` for ``req_id``, not dropped (the gateway is waiting for an answer)."""
+
+    def __init__(self, req_id: str, param: str, message: str) -> None:
+        super().__init__(message)
+        self.req_id = req_id
+        self.param = param
+        self.message = message
 
 
 @functools.cache
@@ -21,10 +37,13 @@ def _field_names(cls: Any) -> tuple[str, ...]:
 
 
 def encode(message: Any) -> bytes:
-    # Fields are plain msgpack-able values (no nested dataclasses), so a shallow map is
-    # enough; dataclasses.asdict would deep-copy every request body on the way out.
+    # A shallow map: fields are plain msgpack-able values, except the typed ones, which say
+    # their own wire form (dataclasses.asdict would deep-copy every request on the way out).
     cls = type(message)
-    payload = {name: getattr(message, name) for name in _field_names(cls)}  # type: ignore[arg-type]
+    payload = {}
+    for name in _field_names(cls):  # type: ignore[arg-type]
+        value = getattr(message, name)
+        payload[name] = value.to_wire() if name in TYPED_FIELDS and value is not None else value
     payload["t"] = cls.__name__
     packed: bytes = msgpack.packb(payload, use_bin_type=True)
     return packed
@@ -42,7 +61,19 @@ def decode(frame: bytes) -> Any:
         raise ProtocolError("unknown message type")
     # Fields a newer peer added are dropped, so additions stay compatible within a version.
     names = _field_names(cls)
+    fields = {k: v for k, v in payload.items() if k in names}
+    for name, typed in TYPED_FIELDS.items():
+        if name in fields:
+            try:
+                fields[name] = typed.from_wire(fields[name])
+            except InvalidParam as exc:
+                req_id = fields.get("req_id")
+                if not isinstance(req_id, str):
+                    raise ProtocolError(f"bad {cls.__name__}: {exc}") from exc
+                raise InvalidRequest(req_id, exc.param, exc.message) from exc
+            except (TypeError, AttributeError) as exc:  # a shape no constructor takes
+                raise ProtocolError(f"bad {cls.__name__}.{name}: {exc}") from exc
     try:
-        return cls(**{k: v for k, v in payload.items() if k in names})
+        return cls(**fields)
     except TypeError as exc:
         raise ProtocolError(f"bad {cls.__name__}: {exc}") from exc

@@ -18,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 2
+from .request import GenerateRequest
+
+# 3: requests carry a typed ``GenerateRequest`` (protocol/request.py) instead of the create body.
+PROTOCOL_VERSION = 3
 
 
 @dataclass
@@ -75,34 +78,34 @@ class Heartbeat:
 class Generate:
     """Generate one response.
 
-    ``body`` is the create request as the worker needs it: history from ``previous_response_id``
-    and ``conversation`` already expanded into ``body["input"]`` (a list of items), the resolved
-    model id in ``body["model"]``.
+    ``request`` is everything the worker needs (protocol/request.py): history from
+    ``previous_response_id`` and ``conversation`` already expanded into its input items, the
+    resolved model id, tools flattened. On the wire it is ``request.to_wire()``.
     """
 
     req_id: str
     response_id: str
-    body: dict[str, Any]
+    request: GenerateRequest
 
 
 @dataclass
 class CountTokens:
-    """Render ``body`` exactly as Generate would, and count its tokens."""
+    """Render ``request`` exactly as Generate would, and count its tokens."""
 
     req_id: str
-    body: dict[str, Any]
+    request: GenerateRequest
 
 
 @dataclass
 class Compact:
-    """Summarize the older part of ``body["input"]`` (history already expanded).
+    """Summarize the older part of ``request.input`` (history already expanded).
 
     The worker chooses the split (it owns token counting), generates the summary and answers
     ``Compacted``, or ``Failed`` with ``context_length_exceeded`` when compaction cannot help.
     """
 
     req_id: str
-    body: dict[str, Any]
+    request: GenerateRequest
     keep_tokens: int
     max_output_tokens: int
 

@@ -11,8 +11,10 @@ The split rules, in the worker because they need token counts:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from kiln.protocol.request import ContentPart, FunctionCall, FunctionCallOutput, GenerateRequest, InputItem, Marker, Message, Sampling
 
 SUMMARY_INSTRUCTIONS = (
     "You compress conversations. Write a concise summary of the conversation below: the user's "
@@ -20,6 +22,9 @@ SUMMARY_INSTRUCTIONS = (
     "and anything still open. Write plain prose, no preamble."
 )
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+
+TRIGGER = Marker("compaction_trigger")
 
 
 class CompactionRefused(ValueError):
@@ -33,15 +38,15 @@ class Plan:
     retained: list[int]  # indices kept verbatim after the summary
 
 
-def _is_system(item: dict) -> bool:
-    return item.get("type", "message") == "message" and item.get("role") in ("system", "developer")
+def _is_system(item: InputItem) -> bool:
+    return isinstance(item, Message) and item.role in ("system", "developer")
 
 
-def _is_user(item: dict) -> bool:
-    return item.get("type", "message") == "message" and item.get("role") == "user"
+def _is_user(item: InputItem) -> bool:
+    return isinstance(item, Message) and item.role == "user"
 
 
-def split_points(items: list[dict], conversation: list[int]) -> list[int]:
+def split_points(items: Sequence[InputItem], conversation: list[int]) -> list[int]:
     """Positions (into ``conversation``) where the history may be cut."""
     points = []
     for pos, index in enumerate(conversation):
@@ -49,15 +54,15 @@ def split_points(items: list[dict], conversation: list[int]) -> list[int]:
             continue
         item = items[index]
         previous = items[conversation[pos - 1]]
-        after_tool_group = previous.get("type") == "function_call_output" and item.get("type") != "function_call_output"
+        after_tool_group = isinstance(previous, FunctionCallOutput) and not isinstance(item, FunctionCallOutput)
         if _is_user(item) or after_tool_group:
             points.append(pos)
     return points
 
 
-def plan(items: list[dict], keep_tokens: int, count: Callable[[list[dict]], int]) -> Plan:
+def plan(items: Sequence[InputItem], keep_tokens: int, count: Callable[[list[InputItem]], int]) -> Plan:
     kept = [i for i, item in enumerate(items) if _is_system(item)]
-    conversation = [i for i, item in enumerate(items) if not _is_system(item) and item.get("type") != "compaction_trigger"]
+    conversation = [i for i, item in enumerate(items) if not _is_system(item) and item != TRIGGER]
     users = [pos for pos, i in enumerate(conversation) if _is_user(items[i])]
     if not users:
         raise CompactionRefused("there is no user message to keep")
@@ -72,22 +77,16 @@ def plan(items: list[dict], keep_tokens: int, count: Callable[[list[dict]], int]
     return Plan(kept=kept, summarized=conversation[:cut], retained=conversation[cut:])
 
 
-def transcript(items: list[dict]) -> str:
+def transcript(items: Sequence[InputItem]) -> str:
     """The summarized items as plain text for the summarizer's prompt."""
     lines = []
     for item in items:
-        kind = item.get("type", "message")
-        if kind == "message":
-            content = item.get("content")
-            text = content if isinstance(content, str) else "".join(p.get("text") or p.get("refusal") or "" for p in content or [] if isinstance(p, dict))
-            lines.append(f"{item.get('role', 'user')}: {text}")
-        elif kind == "function_call":
-            lines.append(f"assistant called {item.get('name')}({item.get('arguments', '')})")
-        elif kind == "function_call_output":
-            output = item.get("output")
-            lines.append(f"tool result: {output if isinstance(output, str) else output!r}")
-        elif kind == "reasoning":
-            continue
+        if isinstance(item, Message):
+            lines.append(f"{item.role}: {item.text}")
+        elif isinstance(item, FunctionCall):
+            lines.append(f"assistant called {item.name}({item.arguments})")
+        elif isinstance(item, FunctionCallOutput):
+            lines.append(f"tool result: {item.output}")
     return "\n".join(lines)
 
 
@@ -108,15 +107,16 @@ def retry_budget(budget: int, produced: int, excess: int) -> int | None:
     return tighter if tighter >= 1 else None
 
 
-def summary_body(items: list[dict], max_output_tokens: int) -> dict:
-    """A create body whose generation is the summary."""
-    return {
-        "instructions": SUMMARY_INSTRUCTIONS,
-        "input": [{"type": "message", "role": "user", "content": "Conversation:\n" + transcript(items) + "\n\nSummarize it."}],
-        "max_output_tokens": max_output_tokens,
-        "temperature": 0,
-    }
+def summary_request(model: str, items: Sequence[InputItem], max_output_tokens: int) -> GenerateRequest:
+    """A request whose generation is the summary."""
+    ask = "Conversation:\n" + transcript(items) + "\n\nSummarize it."
+    return GenerateRequest(
+        model=model,
+        instructions=SUMMARY_INSTRUCTIONS,
+        input=(Message("user", (ContentPart("input_text", ask),)),),
+        sampling=Sampling(temperature=0, max_output_tokens=max_output_tokens),
+    )
 
 
-def summary_message(summary: str) -> dict:
-    return {"type": "message", "role": "user", "content": SUMMARY_PREFIX + summary}
+def summary_message(summary: str) -> Message:
+    return Message("user", (ContentPart("input_text", SUMMARY_PREFIX + summary),))

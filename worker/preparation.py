@@ -63,4 +63,4 @@ class Preparer:
             except Exception:  # a job answers its own request; this only keeps the thread alive
                 log.exception("request preparation failed")
             finally:
-                del job  # a finished job's request body must not stay referenced while idle
+                del job  # a finished job's request must not stay referenced while idle

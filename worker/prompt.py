@@ -1,15 +1,18 @@
-"""Responses ``input`` items -> chat messages -> the model's prompt text.
+"""A request's input items -> chat messages -> the model's prompt text.
 
 The worker owns rendering because only it knows the chat template. The gateway sends the fully
-expanded input (history included); this module turns it into the message list a Hugging Face chat
-template expects and renders it.
+expanded input (history included) as typed items (``kiln.protocol.request``); this module turns
+them into the message list a Hugging Face chat template expects and renders it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from kiln.protocol.request import FunctionCall, FunctionCallOutput, GenerateRequest, InputItem, Message, Reasoning, ToolSpec
 
 
 class ChatTemplate(Protocol):
@@ -28,27 +31,6 @@ class RenderOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def content_text(content: Any) -> str:
-    """The text of a message's ``content``: a string or a list of text-bearing parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    pieces = []
-    for part in content:
-        if not isinstance(part, dict):
-            continue
-        if part.get("type") == "refusal":
-            pieces.append(part.get("refusal") or "")
-        else:
-            pieces.append(part.get("text") or "")
-    return "".join(pieces)
-
-
-def _function_output_text(output: Any) -> str:
-    return output if isinstance(output, str) else content_text(output)
-
-
 def _arguments(text: str) -> Any:
     try:
         return json.loads(text) if text else {}
@@ -56,8 +38,8 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def to_messages(instructions: str | None, items: list[dict], *, tool_markup: bool) -> list[dict]:
-    """Map Responses items onto chat messages.
+def to_messages(instructions: str | None, items: Sequence[InputItem], *, tool_markup: bool) -> list[dict]:
+    """Map the request's input items onto chat messages.
 
     ``tool_markup`` renders calls and their outputs as Hermes-style text for templates that do not
     understand ``tool_calls`` / the ``tool`` role themselves.
@@ -66,10 +48,8 @@ def to_messages(instructions: str | None, items: list[dict], *, tool_markup: boo
     messages: list[dict] = []
     pending_reasoning: str | None = None
     for item in items:
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role", "user")
-            text = content_text(item.get("content"))
+        if isinstance(item, Message):
+            role, text = item.role, item.text
             if role in ("system", "developer"):
                 if not messages:
                     system_parts.append(text)
@@ -81,29 +61,27 @@ def to_messages(instructions: str | None, items: list[dict], *, tool_markup: boo
                 message["reasoning_content"] = pending_reasoning
                 pending_reasoning = None
             _append(messages, message)
-        elif kind == "function_call":
-            call = {"name": item.get("name", ""), "arguments": _arguments(item.get("arguments", ""))}
+        elif isinstance(item, FunctionCall):
+            call = {"name": item.name, "arguments": _arguments(item.arguments)}
             if tool_markup:
                 text = "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"
                 _append(messages, {"role": "assistant", "content": text})
             else:
-                tool_call = {"id": item.get("call_id"), "type": "function", "function": call}
+                tool_call = {"id": item.call_id, "type": "function", "function": call}
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                     last["tool_calls"].append(tool_call)
                 else:
                     messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call]})
-        elif kind == "function_call_output":
-            output = _function_output_text(item.get("output"))
+        elif isinstance(item, FunctionCallOutput):
             if tool_markup:
-                _append(messages, {"role": "user", "content": "<tool_response>\n" + output + "\n</tool_response>"})
+                _append(messages, {"role": "user", "content": "<tool_response>\n" + item.output + "\n</tool_response>"})
             else:
-                messages.append({"role": "tool", "content": output, "tool_call_id": item.get("call_id")})
-        elif kind == "reasoning":
-            texts = [c.get("text", "") for c in item.get("content") or [] if isinstance(c, dict)]
-            pending_reasoning = "".join(texts) or None
-        # compaction items are expanded by the caller before rendering; item_reference and
-        # compaction_trigger carry no text of their own.
+                messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
+        elif isinstance(item, Reasoning):
+            pending_reasoning = item.text or None
+        # Markers (compaction_trigger) carry no text of their own; compaction items were
+        # expanded by the gateway.
     if system_parts:
         messages.insert(0, {"role": "system", "content": "\n\n".join(p for p in system_parts if p)})
     return messages
@@ -124,48 +102,24 @@ def _append(messages: list[dict], message: dict) -> None:
     messages.append(message)
 
 
-def function_tools(tools: list[dict]) -> list[dict]:
-    """Declared tools flattened to plain functions; namespace members keep their own names."""
-    flat = []
-    for tool in tools or []:
-        if tool.get("type") == "namespace":
-            flat.extend({**fn, "type": "function"} for fn in tool.get("tools", []))
-        elif tool.get("type") == "function":
-            flat.append(tool)
-    return flat
-
-
-def chat_template_tools(tools: list[dict]) -> list[dict]:
+def chat_template_tools(tools: Sequence[ToolSpec]) -> list[dict]:
     """Functions in the nested shape Hugging Face chat templates iterate over."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": t["name"],
-                "description": t.get("description") or "",
-                "parameters": t.get("parameters") or {"type": "object", "properties": {}},
-            },
-        }
-        for t in tools
-    ]
+    return [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}} for t in tools]
 
 
-def render(body: dict, template: ChatTemplate, options: RenderOptions, *, tools_prompt: str | None = None) -> str:
-    """The prompt text for a create body (its ``input`` already expanded by the gateway).
+def render(request: GenerateRequest, template: ChatTemplate, options: RenderOptions, *, tools_prompt: str | None = None) -> str:
+    """The prompt text for a request (its input already expanded by the gateway).
 
-    ``raw_prompt`` (set by the gateway's legacy ``/v1/completions`` door) is the prompt text
-    itself: a plain continuation, no chat template."""
-    raw = body.get("raw_prompt")
-    if isinstance(raw, str):
-        return raw
-    tools = function_tools(body.get("tools") or [])
-    if body.get("tool_choice") == "none":
-        tools = []
+    ``raw_prompt`` (the gateway's legacy ``/v1/completions`` door) is the prompt text itself: a
+    plain continuation, no chat template."""
+    if request.raw_prompt is not None:
+        return request.raw_prompt
+    tools = request.offered_tools
     markup = not options.template_takes_tools
-    instructions = body.get("instructions")
+    instructions = request.instructions
     if tools and markup and tools_prompt:
         instructions = tools_prompt + ("\n\n" + instructions if instructions else "")
-    messages = to_messages(instructions, body.get("input") or [], tool_markup=markup)
+    messages = to_messages(instructions, request.input, tool_markup=markup)
     kwargs: dict[str, Any] = {}
     if tools and options.template_takes_tools:
         kwargs["tools"] = chat_template_tools(tools)

@@ -47,6 +47,7 @@ from kiln.protocol import (
     Failed,
     Generate,
     Heartbeat,
+    InvalidRequest,
     ProtocolError,
     Register,
     Registered,
@@ -62,6 +63,17 @@ log = logging.getLogger("kiln.worker.server")
 
 # The messages that end a request: after one, the link no longer holds it.
 TERMINAL = (Done, Failed, TokenCount, Compacted)
+
+
+def read_frame(frame: bytes) -> Any:
+    """The message in ``frame``; for a request whose values are out of range, the ``Failed``
+    400 naming the parameter that answers it (the service never sees it). Raises ProtocolError
+    for a frame that is no message."""
+    try:
+        return decode(frame)
+    except InvalidRequest as exc:
+        return Failed(exc.req_id, 400, "invalid_request_error", exc.message, exc.param)
+
 # How often an unregistered link offers its Register (it is dropped while the gateway is
 # unreachable, so this is also how soon a gateway that comes up sees the worker).
 REGISTER_RETRY_S = 0.25
@@ -250,9 +262,12 @@ class WorkerServer:
     def _receive(self, link: GatewayLink, frame: bytes) -> None:
         link.heard = time.monotonic()
         try:
-            message = decode(frame)
+            message = read_frame(frame)
         except ProtocolError as exc:
             log.warning("dropped frame: %s", exc, extra={"gateway": link.address})
+            return
+        if isinstance(message, Failed):  # a request out of range: answered, never started
+            link.send(encode(message))
             return
         if isinstance(message, Registered):
             self._registered(link, message)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
+from kiln.protocol.request import GenerateRequest
 from kiln.protocol.usage import Usage
 
 from . import compaction
@@ -27,7 +28,7 @@ from .output.events import OutputAssembler, logprob_entry
 from .preparation import Preparer
 from .prompt import RenderOptions, render
 from .prompt_bound import PromptBound
-from .request_params import InvalidParam, sampling_from_body
+from .request_params import engine_params
 
 log = logging.getLogger("kiln.worker.service")
 
@@ -54,9 +55,9 @@ class GenerationService:
         scheduler: Any,
         config: ServiceConfig,
         render_options: RenderOptions | None = None,
-        router_factory: Callable[[dict, str], Any] | None = None,
-        constraint_factory: Callable[[dict], list] | None = None,
-        tools_prompt: Callable[[dict], str | None] | None = None,
+        router_factory: Callable[[GenerateRequest, str], Any] | None = None,
+        constraint_factory: Callable[[GenerateRequest], list] | None = None,
+        tools_prompt: Callable[[GenerateRequest], str | None] | None = None,
         preparer: Preparer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
@@ -74,18 +75,18 @@ class GenerationService:
         self._lock = threading.Lock()
 
     # -- prompt ----------------------------------------------------------------------------------
-    def prompt_text(self, body: dict) -> str:
-        tools_prompt = self.tools_prompt(body) if self.tools_prompt else None
-        return render(body, self.tokenizer, self.render_options, tools_prompt=tools_prompt)
+    def prompt_text(self, request: GenerateRequest) -> str:
+        tools_prompt = self.tools_prompt(request) if self.tools_prompt else None
+        return render(request, self.tokenizer, self.render_options, tools_prompt=tools_prompt)
 
-    def prompt_tokens(self, body: dict) -> list[int]:
-        return self.tokenizer.encode(self.prompt_text(body))
+    def prompt_tokens(self, request: GenerateRequest) -> list[int]:
+        return self.tokenizer.encode(self.prompt_text(request))
 
-    def _render(self, req_id: str, body: dict, emit: Emit) -> str | None:
+    def _render(self, req_id: str, request: GenerateRequest, emit: Emit) -> str | None:
         """The prompt text, or None after answering Failed (a template that raises is the
         client's input problem)."""
         try:
-            return self.prompt_text(body)
+            return self.prompt_text(request)
         except Exception:
             log.warning("could not render request %s", req_id, exc_info=True)
             emit(Failed(req_id, 400, "invalid_prompt", RENDER_FAILED))
@@ -97,12 +98,8 @@ class GenerationService:
 
     # -- messages (called on the I/O thread: queue the work, never do it) -----------------------
     def generate(self, message: Generate, emit: Emit) -> None:
-        try:
-            sampling = sampling_from_body(message.body, self.config.default_max_output_tokens)
-        except InvalidParam as exc:
-            emit(Failed(message.req_id, 400, "invalid_request_error", exc.message, exc.param))
-            return
-        self._prepare(message.req_id, lambda: self._generate(message, sampling, emit), emit)
+        # The request's ranges were checked when it was decoded (GenerateRequest.from_wire).
+        self._prepare(message.req_id, lambda: self._generate(message, emit), emit)
 
     def count(self, message: CountTokens, emit: Emit) -> None:
         self._prepare(message.req_id, lambda: self._count(message, emit), emit)
@@ -165,7 +162,7 @@ class GenerationService:
 
     def _count(self, message: CountTokens, emit: Emit) -> None:
         req_id, window = message.req_id, self.config.context_window
-        text = self._render(req_id, message.body, emit)
+        text = self._render(req_id, message.request, emit)
         if text is None:
             return
         lower = self._provably_longer(text, window)
@@ -176,14 +173,14 @@ class GenerationService:
 
     def _compact(self, message: Compact, emit: Emit) -> None:
         """Plan the split, generate the summary on the scheduler, answer Compacted."""
-        req_id, body = message.req_id, message.body
-        items = body.get("input") or []
+        req_id, request = message.req_id, message.request
+        items = request.input
         window = self.config.context_window
 
         def refuse(reason: str) -> None:
             emit(Failed(req_id, 400, "context_length_exceeded", f"Compaction cannot shorten this input: {reason}.", "input"))
 
-        text = self._render(req_id, body, emit)
+        text = self._render(req_id, request, emit)
         if text is None:
             return
         lower = self._provably_longer(text, window)
@@ -194,12 +191,12 @@ class GenerationService:
             del text
             if before > window:
                 return refuse(f"the history is {before} tokens, longer than the context window of {window}")
-            bare = {k: v for k, v in body.items() if k not in ("instructions", "tools")}
-            count = lambda part: len(self.prompt_tokens({**bare, "input": part}))  # noqa: E731
+            bare = replace(request, instructions=None, tools=())
+            count = lambda part: len(self.prompt_tokens(replace(bare, input=tuple(part))))  # noqa: E731
             split = compaction.plan(items, message.keep_tokens, count)
             summarized = [items[i] for i in split.summarized]
             budget = compaction.summary_budget(count(summarized), count([compaction.summary_message("")]), message.max_output_tokens)
-            summary_request = compaction.summary_body(summarized, budget)
+            summary_request = compaction.summary_request(request.model, summarized, budget)
             prompt = self.prompt_tokens(summary_request)
         except compaction.CompactionRefused as exc:
             return refuse(str(exc))
@@ -215,7 +212,7 @@ class GenerationService:
                 if spent is not None:
                     usage = {k: usage.get(k, 0) + spent.get(k, 0) for k in ("input_tokens", "output_tokens")}
                 compacted = [items[i] for i in split.kept] + [compaction.summary_message(summary)] + [items[i] for i in split.retained]
-                after = len(self.prompt_tokens({**body, "input": compacted}))
+                after = len(self.prompt_tokens(replace(request, input=tuple(compacted))))
                 if after >= before and spent is None:
                     # One retry, tighter by the excess (and at most half the first budget),
                     # from the preparation threads: never resubmit from the scheduler's callback.
@@ -236,10 +233,10 @@ class GenerationService:
 
         self._submit(req_id, summarize(budget, None), emit)
 
-    def _generate(self, message: Generate, sampling: Any, emit: Emit) -> None:
-        req_id, body = message.req_id, message.body
+    def _generate(self, message: Generate, emit: Emit) -> None:
+        req_id, request = message.req_id, message.request
         window = self.config.context_window
-        text = self._render(req_id, body, emit)
+        text = self._render(req_id, request, emit)
         if text is None:
             return
         # A prompt of window tokens or more does not fit: refuse the provably long ones untokenized.
@@ -254,16 +251,16 @@ class GenerationService:
         if len(prompt) >= window:
             emit(Failed(req_id, 400, "context_length_exceeded", f"The input is {len(prompt)} tokens, which does not fit the model's context window of {window} tokens.", "input"))
             return
-        params = sampling.params(window - len(prompt))
+        params = engine_params(request.sampling, window - len(prompt), self.config.default_max_output_tokens)
         try:
-            processors = self.constraint_factory(body) if self.constraint_factory else []
+            processors = self.constraint_factory(request) if self.constraint_factory else []
         except ValueError as exc:  # a grammar that cannot compile; its message names the problem
             emit(Failed(req_id, 400, "invalid_request_error", str(exc), "text.format"))
             return
         try:
-            router = self.router_factory(body, text) if self.router_factory else None
+            router = self.router_factory(request, text) if self.router_factory else None
             del text  # the prompt may be large: keep only its tokens from here on
-            run = _Run(self, req_id, emit, body, params, len(prompt), router)
+            run = _Run(self, req_id, emit, request, params, len(prompt), router)
         except Exception:  # a broken parser setup fails this request, not the worker
             log.exception("could not prepare output parsing")
             emit(Failed(req_id, 500, "server_error", "The output parser could not be set up for this request."))
@@ -274,7 +271,7 @@ class GenerationService:
             stop_tokens=frozenset(self.tokenizer.eos_token_ids),
             on_step=run.on_step,
             logits_processors=processors,
-            cache_key=body.get("prompt_cache_key"),
+            cache_key=request.cache_key,
         )
         run.request = request
         self._submit(req_id, request, emit)
@@ -287,7 +284,7 @@ class GenerationService:
 class _Run:
     """One request's output state, driven on the scheduler thread by ``on_step``."""
 
-    def __init__(self, service: GenerationService, req_id: str, emit: Emit, body: dict, params: SamplingParams, prompt_len: int, router: Any) -> None:
+    def __init__(self, service: GenerationService, req_id: str, emit: Emit, request: GenerateRequest, params: SamplingParams, prompt_len: int, router: Any) -> None:
         self.service = service
         self.req_id = req_id
         self.emit = emit
@@ -300,8 +297,8 @@ class _Run:
             self._pending.append,
             router=router,
             want_logprobs=params.logprobs,
-            namespaces=_namespaces(body.get("tools") or []),
-            max_tool_calls=body.get("max_tool_calls") if isinstance(body.get("max_tool_calls"), int) else None,
+            namespaces=request.namespaces(),
+            max_tool_calls=request.max_tool_calls,
         )
         self.want_logprobs = params.logprobs
         self.failed = False
@@ -396,6 +393,3 @@ class _Collector:
             log.exception("compaction of %s failed", self.req_id)
             self.emit(Failed(self.req_id, 500, "server_error", "The compacted input could not be built."))
 
-
-def _namespaces(tools: list[dict]) -> dict[str, str]:
-    return {fn["name"]: t["name"] for t in tools if t.get("type") == "namespace" for fn in t.get("tools", [])}

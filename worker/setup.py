@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
+
+from kiln.protocol.request import GenerateRequest, ToolSpec
 
 from .output.router import make_router
 from .output.tool_calls.select import parser_for
 from .output.tool_prompt import render_tools_system_prompt, template_supports_tools
-from .prompt import RenderOptions, function_tools
+from .prompt import RenderOptions
 
 log = logging.getLogger("kiln.worker.setup")
 
@@ -23,28 +26,32 @@ def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constrai
     takes_tools = template_supports_tools(template)
     override = tool_parser
 
-    def tools_prompt(body: dict) -> str | None:
+    def tools_prompt(request: GenerateRequest) -> str | None:
         if takes_tools:
             return None
-        return render_tools_system_prompt(function_tools(body.get("tools") or []), body.get("tool_choice", "auto"), body.get("parallel_tool_calls", True)) or None
+        return render_tools_system_prompt(functions(request), request.tool_choice, request.parallel_tool_calls) or None
 
     parser_for(template, override=override)  # an unknown --tool-parser fails at start, not per request
 
-    def router_factory(body: dict, prompt_text: str):
-        tools = function_tools(body.get("tools") or [])
-        choice = body.get("tool_choice", "auto")
+    def router_factory(request: GenerateRequest, prompt_text: str):
         # A forced call is generated in the Hermes syntax the grammar spells out, whatever the
         # model's own format, so it is parsed as Hermes.
-        chosen = "hermes" if forced_choice(tools, choice) else override
-        return make_router(prompt_text, tools=tools, tool_choice=choice, parser_factory=partial(_parser, template, chosen))
+        chosen = "hermes" if request.forces_call else override
+        return make_router(prompt_text, tools=functions(request), tool_choice=request.tool_choice.mode, parser_factory=partial(_parser, template, chosen))
 
     constraints = constraints or Constraints(tokenizer)
     return {
         "render_options": RenderOptions(template_takes_tools=takes_tools),
         "router_factory": router_factory,
         "tools_prompt": tools_prompt,
-        "constraint_factory": constraints.for_body,
+        "constraint_factory": constraints.for_request,
     }
+
+
+def functions(request: GenerateRequest) -> list[dict[str, Any]]:
+    """The request's tools (already flat) in the function shape the prompt, grammar and parser
+    builders take."""
+    return [t.as_function() for t in request.tools]
 
 
 class Constraints:
@@ -83,38 +90,30 @@ class Constraints:
             raise ValueError("Structured output is unavailable for this model.")
         return self._compiler
 
-    def for_body(self, body: dict) -> list:
+    def for_request(self, request: GenerateRequest) -> list:
         """Processors for one request; raises ValueError for a grammar that cannot compile."""
         from .structured import GrammarError
 
-        choice = body.get("tool_choice", "auto")
-        tools = function_tools(body.get("tools") or [])
-        forced = forced_choice(tools, choice)
-        fmt = (body.get("text") or {}).get("format")
-        if not forced and (not fmt or fmt.get("type", "text") == "text"):
+        forced = request.forces_call
+        if not forced and not request.text_format.constrained:
             return []
         try:
             if forced:
                 # Exactly one call: small models otherwise keep calling until the token limit.
-                return [self.compiler().tool_call_processor(strict_tools(tools), choice, False)]
-            return [self.compiler().processor_for(fmt)]
+                return [self.compiler().tool_call_processor(strict_tools(request.tools), request.tool_choice, False)]
+            return [self.compiler().processor_for(request.text_format.to_api())]
         except GrammarError as exc:
             raise ValueError(str(exc)) from exc
-
-
-def forced_choice(tools: list[dict], choice: Any) -> bool:
-    """``tool_choice`` demands a call: "required" or a named function."""
-    return bool(tools) and (choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"))
 
 
 def _parser(template: str, override: str | None, tools: list[dict]):
     return parser_for(template, override=override, tools=tools)
 
 
-def strict_tools(tools: list[dict]) -> list[dict]:
-    """Tools whose object schemas close ``additionalProperties`` unless the tool opts out with
-    ``strict: false`` (the Responses API's default for function tools is strict)."""
-    return [t if t.get("strict") is False else {**t, "parameters": _closed(t.get("parameters") or {"type": "object", "properties": {}})} for t in tools]
+def strict_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """The tools as functions whose object schemas close ``additionalProperties`` unless the tool
+    opts out with ``strict: false`` (the Responses API's default for function tools is strict)."""
+    return [{**t.as_function(), "parameters": _closed(dict(t.parameters))} if t.strict else t.as_function() for t in tools]
 
 
 def _closed(schema: Any) -> Any:

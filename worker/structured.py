@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Literal, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence
 
 import llguidance
 import mlx.core as mx
@@ -32,13 +32,12 @@ from llguidance.numpy import fill_next_token_bitmask
 from tokenizers import Tokenizer as HFTokenizer
 
 from kiln.protocol.grammar import JSON_COMPILE_OPTIONS, TOOL_ARGS_OPTIONS, parser_limits
+from kiln.protocol.request import InvalidParam, ToolChoice
 
 log = logging.getLogger(__name__)
 
 COMPILE_SLOW_S = 0.5
 _NEG_INF = float("-inf")
-
-ToolChoice = Union[Literal["required"], Mapping[str, Any]]
 
 
 class GrammarError(ValueError):
@@ -121,12 +120,14 @@ def bounded_formats(schema: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def function_tools(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict]]:
+def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict]]:
     """(name, parameters) for every callable function, namespaces flattened as ``ns<sep>name``.
 
     Accepts Responses-style tools (``{"type": "function", "name", "parameters"}``), Chat-style
     ones (``{"type": "function", "function": {...}}``) and Codex ``namespace`` groups; other
-    tool types (web_search, ...) are not model-emitted function calls and are skipped.
+    tool types (web_search, ...) are not model-emitted function calls and are skipped. A request
+    arrives with its tools already flat (``GenerateRequest.tools``, flattened at the gateway's
+    edge); these other shapes are what the grammar builder accepts when used on its own.
     """
     out: list[tuple[str, dict]] = []
     for tool in tools:
@@ -139,14 +140,14 @@ def function_tools(tools: Iterable[Mapping[str, Any]], *, namespace_separator: s
                 out.append((name, params if isinstance(params, dict) and params else {"type": "object"}))
         elif kind == "namespace":
             prefix = f"{tool.get('name')}{namespace_separator}"
-            for name, params in function_tools(tool.get("tools") or (), namespace_separator=namespace_separator):
+            for name, params in _grammar_functions(tool.get("tools") or (), namespace_separator=namespace_separator):
                 out.append((prefix + name, params))
     return out
 
 
 def tool_call_grammar(
     tools: Sequence[Mapping[str, Any]],
-    choice: ToolChoice,
+    choice: ToolChoice | str | Mapping[str, Any],
     parallel: bool,
     *,
     open_tag: str = "<tool_call>",
@@ -156,20 +157,24 @@ def tool_call_grammar(
     """A Lark grammar for forced Hermes tool calls, for ``GrammarCompiler.processor_for_grammar``.
 
     Output shape: ``<tool_call>\\n{"name": "<name>", "arguments": <JSON>}\\n</tool_call>``, where
-    each name is paired with its own tool's ``parameters`` schema. ``choice`` is "required"
-    (any of the tools) or ``{"type": "function", "name": ...}`` (that one). With ``parallel``
+    each name is paired with its own tool's ``parameters`` schema. ``choice`` (the request's
+    ``ToolChoice``, or its Responses API shape) is "required" (any of the tools) or a named
+    function (that one). With ``parallel``
     the model may emit one or more calls separated by a newline. When the tokenizer has the tags
     as single special tokens, pass ``tags_are_special_tokens`` so the grammar names those tokens
     instead of spelling their text (which a special token's bytes would never match).
     """
-    functions = function_tools(tools)
-    if choice == "required":
+    functions = _grammar_functions(tools)
+    try:
+        mode = choice if isinstance(choice, ToolChoice) else ToolChoice.from_api(choice)
+    except InvalidParam:
+        raise GrammarError(f"tool_choice {choice!r} does not force a call") from None
+    if mode.mode == "required" and mode.allowed is None:
         selected = functions
-    elif isinstance(choice, Mapping) and choice.get("type") == "function":
-        wanted = choice.get("name") or (choice.get("function") or {}).get("name")
-        selected = [f for f in functions if f[0] == wanted]
+    elif mode.mode == "named":
+        selected = [f for f in functions if f[0] == mode.name]
         if not selected:
-            raise GrammarError(f"tool_choice names function {wanted!r}, which is not among the tools")
+            raise GrammarError(f"tool_choice names function {mode.name!r}, which is not among the tools")
     else:
         raise GrammarError(f"tool_choice {choice!r} does not force a call")
     if not selected:
@@ -259,7 +264,7 @@ class GrammarCompiler:
         return ConstraintProcessor(template.deep_copy(), self.stop_token_ids, self.vocab_size)
 
     def tool_call_processor(
-        self, tools: Sequence[Mapping[str, Any]], choice: ToolChoice, parallel: bool
+        self, tools: Sequence[Mapping[str, Any]], choice: ToolChoice | str | Mapping[str, Any], parallel: bool
     ) -> "ConstraintProcessor":
         """Force a Hermes tool call, naming the tags as special tokens when this vocab has them."""
         special = "<tool_call>" in self._special_tokens and "</tool_call>" in self._special_tokens
@@ -445,7 +450,6 @@ __all__ = [
     "GrammarError",
     "JSON_COMPILE_OPTIONS",
     "canonical_json",
-    "function_tools",
     "grammar_for_format",
     "parser_limits",
     "tool_call_grammar",

@@ -185,7 +185,7 @@ def _check(harness: _Harness, path: str, body: bytes) -> None:
         assert "Traceback" not in error["message"]
     elif "text/event-stream" in r.headers.get("content-type", ""):
         for line in r.text.splitlines():
-            if line.startswith("data: "):
+            if line.startswith("data: ") and line != "data: [DONE]":  # Chat Completions' end sentinel
                 json.loads(line[6:], parse_constant=lambda c: pytest.fail(f"{c} streamed back"))
     assert harness.pool.leaked() == [], body[:300]
 

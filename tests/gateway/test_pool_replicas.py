@@ -20,6 +20,7 @@ from kiln.gateway.generation import Generation, GenerationFailed
 from kiln.gateway.response_object import ResponseObject
 from kiln.gateway.workers import WorkerHandle, WorkerPool
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
+from kiln.protocol.request import GenerateRequest
 
 from ..support import free_port
 
@@ -81,7 +82,7 @@ async def test_a_workers_load_counts_what_it_holds_for_other_gateways(pool, ctx)
     assert worker.load == 2 and worker.overloaded()  # batch 1 + queue 1, both taken elsewhere
     await sock.send(encode(Heartbeat("w-1", active=1, queued=0, others=1)))
     await next_message(sock, Registered)
-    channel = await pool.open(worker, "mine", Generate("mine", "resp_1", {"input": []}))
+    channel = await pool.open(worker, "mine", Generate("mine", "resp_1", GenerateRequest("m")))
     # Our own request is not in the heartbeat yet: ours plus the other gateway's.
     assert worker.load == 2
     pool.close(channel, cancel=False)
@@ -90,7 +91,7 @@ async def test_a_workers_load_counts_what_it_holds_for_other_gateways(pool, ctx)
 async def test_a_register_repeated_by_the_same_process_keeps_its_requests(pool, ctx):
     sock = await connect(ctx, pool, "w-1")
     worker = next(iter(pool.workers.values()))
-    channel = await pool.open(worker, "r-1", Generate("r-1", "resp_1", {"input": []}))
+    channel = await pool.open(worker, "r-1", Generate("r-1", "resp_1", GenerateRequest("m")))
     await sock.send(encode(register("w-1")))  # crossed our answer on the wire
     assert (await next_message(sock, Registered)).ok
     assert channel.queue.empty() and "r-1" in pool.workers[b"w-1"].inflight

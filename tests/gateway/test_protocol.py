@@ -7,10 +7,11 @@ import pytest
 import zmq
 
 from kiln.protocol import PROTOCOL_VERSION, Done, Generate, ProtocolError, Register, Registered, decode, encode
+from kiln.protocol.request import ContentPart, GenerateRequest, Message
 
 
 def test_round_trip_keeps_every_field():
-    msg = Generate(req_id="r1", response_id="resp_1", body={"input": [{"type": "message", "role": "user", "content": "hé"}]})
+    msg = Generate(req_id="r1", response_id="resp_1", request=GenerateRequest("m", input=(Message("user", (ContentPart("input_text", "hé"),)),)))
     assert decode(encode(msg)) == msg
     done = Done("r1", "completed", {"input_tokens": 3}, None)
     assert decode(encode(done)) == done

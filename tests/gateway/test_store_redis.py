@@ -24,6 +24,7 @@ import pytest
 from kiln.gateway.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Cancel, Done, Event, Generate, decode, encode
+from kiln.protocol.request import Message
 from tests.conformance import assert_error, assert_response, assert_stream
 from tests.gateway.inprocess import ANSWER_BOUND_S, MODEL, FakePool, bounded
 from tests.redis_support import RedisServer, drop_namespace, new_namespace, shared_redis_url
@@ -55,8 +56,8 @@ class TalkingPool(FakePool):
             return
         if not isinstance(message, Generate):
             return await super()._send(identity, message)
-        users = [i for i in message.body["input"] if i.get("role") == "user"]
-        last = _text(users[-1]) if users else ""
+        users = [i for i in message.request.input if isinstance(i, Message) and i.role == "user"]
+        last = users[-1].text if users else ""
         if last == "hold":
             self.held.add(message.req_id)
             return

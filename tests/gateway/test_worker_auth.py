@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from kiln.gateway.workers import UsageLimits, WorkerPool, usage_violation
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
+from kiln.protocol.request import GenerateRequest, Sampling
 from kiln.protocol.security import SecretError, derive_keys, is_local_endpoint, load_secret, secure_worker_socket
 
 from ..conformance import assert_error
@@ -195,8 +196,8 @@ async def test_a_worker_that_overreports_usage_is_dropped_and_its_request_fails(
         await liar.send(encode(register()))
         assert (await recv_within(liar, 10)).ok
         worker = pool.pick("fake-model")
-        honest = await pool.open(worker, "r0", Generate("r0", "resp_0", {"input": [], "max_output_tokens": 8}))
-        lied = await pool.open(worker, "r1", Generate("r1", "resp_1", {"input": [], "max_output_tokens": 8}))
+        honest = await pool.open(worker, "r0", Generate("r0", "resp_0", GenerateRequest("fake-model", sampling=Sampling(max_output_tokens=8))))
+        lied = await pool.open(worker, "r1", Generate("r1", "resp_1", GenerateRequest("fake-model", sampling=Sampling(max_output_tokens=8))))
         assert lied.limits == UsageLimits(2048, 8)
         await recv_within(liar, 5)
         await recv_within(liar, 5)
@@ -232,7 +233,7 @@ async def test_a_worker_cannot_answer_another_workers_request():
         await a.send(encode(Register("w-a", "model-a", [], 2048, 1, 1)))
         await b.send(encode(Register("w-b", "model-b", [], 2048, 1, 1)))
         assert (await recv_within(a, 10)).ok and (await recv_within(b, 10)).ok
-        channel = await pool.open(pool.pick("model-a"), "ra", Generate("ra", "resp_a", {"input": []}))
+        channel = await pool.open(pool.pick("model-a"), "ra", Generate("ra", "resp_a", GenerateRequest("model-a")))
         await b.send(encode(Done("ra", "completed", {"output_tokens": 1})))
         await a.send(encode(Done("ra", "incomplete", {"output_tokens": 2})))
         message = await asyncio.wait_for(channel.get(), 10)

@@ -6,7 +6,22 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiln.protocol.request import ContentPart, FunctionCall, FunctionCallOutput, Message
 from kiln.worker.compaction import CompactionRefused, plan
+
+
+def typed(item: dict):
+    """The item as the worker receives it (kiln.protocol.request)."""
+    if item["type"] == "message":
+        return Message(item["role"], (ContentPart("input_text", item["content"]),))
+    if item["type"] == "function_call":
+        return FunctionCall(item["call_id"], item["name"], item["arguments"])
+    return FunctionCallOutput(item["call_id"], item["output"])
+
+
+def typed_size(items):
+    """``size`` of the typed items: the same count."""
+    return sum(len(i.text if isinstance(i, Message) else getattr(i, "output", "")) + 5 for i in items)
 
 
 @st.composite
@@ -37,7 +52,7 @@ def size(items):
 @given(histories(), st.integers(1, 400))
 def test_split_keeps_calls_with_outputs(items, keep):
     try:
-        p = plan(items, keep, size)
+        p = plan([typed(i) for i in items], keep, typed_size)
     except CompactionRefused:
         users = [i for i in items if i.get("role") == "user"]
         assert len(users) == 1  # only refused when nothing precedes the latest user message

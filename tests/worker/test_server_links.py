@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from kiln.protocol import Cancel, CountTokens, Done, Event, Generate, Heartbeat, Register, Registered, TokenCount, decode, encode
+from kiln.protocol.request import GenerateRequest
 from kiln.worker.server import WorkerServer
 
 WAIT_S = 15.0  # generous bound on anything the loop does within a few heartbeats
@@ -132,7 +133,7 @@ def worker(gateways):
 
 
 def generate(gateway: FakeGateway, service: RecordingService, req_id: str) -> None:
-    gateway.send(Generate(req_id, "resp_" + req_id, {"input": []}))
+    gateway.send(Generate(req_id, "resp_" + req_id, GenerateRequest("m")))
     assert service.next_call() == ("generate", req_id)
 
 
@@ -151,8 +152,8 @@ def test_each_request_is_answered_on_the_socket_it_came_from(gateways, worker):
 
 def test_token_counts_go_back_to_the_gateway_that_asked(gateways, worker):
     a, b = gateways
-    a.send(CountTokens("count-a", {"input": []}))
-    b.send(CountTokens("count-bb", {"input": []}))
+    a.send(CountTokens("count-a", GenerateRequest("m")))
+    b.send(CountTokens("count-bb", GenerateRequest("m")))
     assert a.next(TokenCount) == TokenCount("count-a", 7)
     assert b.next(TokenCount) == TokenCount("count-bb", 8)
     assert a.received.empty() and b.received.empty()

@@ -16,9 +16,11 @@ import msgpack
 import pytest
 
 from kiln.protocol import Compact, CountTokens, Done, Event, Failed, Generate, TokenCount, decode, encode
+from kiln.protocol.request import ContentPart, GenerateRequest, Message, Sampling
 from kiln.worker.engine import Scheduler
 from kiln.worker.preparation import Preparer
 from kiln.worker.scripted import ByteTokenizer, ScriptedScheduler
+from kiln.worker.server import read_frame
 from kiln.worker.service import GenerationService, ServiceConfig
 
 from .test_engine import tiny_llama
@@ -55,8 +57,19 @@ class Inbox:
                 self.cv.wait(left)
 
 
-def body(text: str = "hi", **extra) -> dict:
-    return {"model": "m", "input": [{"type": "message", "role": "user", "content": text}], **extra}
+def body(text: str = "hi", **sampling) -> GenerateRequest:
+    return GenerateRequest("m", input=(Message("user", (ContentPart("input_text", text),)),), sampling=Sampling(**sampling))
+
+
+def deliver(svc: GenerationService, inbox, req_id: str, text: str = "hi", **sampling) -> None:
+    """A Generate frame as a gateway might send it, sampling values unchecked, through what the
+    worker's server does with a frame (a request out of range is answered, never started)."""
+    wire = {**body(text).to_wire(), "sampling": sampling}
+    message = read_frame(msgpack.packb({"t": "Generate", "req_id": req_id, "response_id": "resp_" + req_id, "request": wire}))
+    if isinstance(message, Failed):
+        inbox(message)
+    else:
+        svc.generate(message, inbox)
 
 
 def service(scheduler, *, window: int = 8192, **kw) -> GenerationService:
@@ -86,7 +99,7 @@ def test_bad_seed_among_concurrent_requests_fails_alone_on_the_real_engine(real_
     ids = ["good-0", "bad", "good-1", "good-2"]
     for req_id in ids:
         extra = {"seed": seed} if req_id == "bad" else {"seed": 7}
-        svc.generate(Generate(req_id, "resp_" + req_id, body(f"prompt {req_id}", temperature=0.8, max_output_tokens=6, **extra)), inbox)
+        deliver(svc, inbox, req_id, f"prompt {req_id}", temperature=0.8, max_output_tokens=6, **extra)
     bad = inbox.final("bad")
     assert isinstance(bad, Failed) and (bad.http_status, bad.code, bad.param) == (400, "invalid_request_error", "seed")
     assert bad.message.startswith("Invalid 'seed'") and "Error" not in bad.message
@@ -105,7 +118,7 @@ def test_bad_seed_among_concurrent_requests_fails_alone_on_the_real_engine(real_
 def test_bad_sampling_values_are_400_naming_the_param(scripted, field, value):
     svc = service(scripted)
     inbox = Inbox()
-    svc.generate(Generate("r", "resp_r", body(**{field: value})), inbox)
+    deliver(svc, inbox, "r", **{field: value})
     failed = inbox.final("r")
     assert isinstance(failed, Failed) and (failed.http_status, failed.code, failed.param) == (400, "invalid_request_error", field)
     assert failed.message.startswith(f"Invalid '{field}'")

@@ -12,13 +12,11 @@ from typing import Callable
 
 import mlx.core as mx
 
+from kiln.protocol.request import MAX_SEED, MAX_TOP_LOGPROBS
+
 # mlx-lm's logits processor signature: (all tokens so far incl. the prompt, logits (1, vocab))
 # -> new logits. Structured output plugs in here.
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-
-MAX_TOP_LOGPROBS = 20
-MAX_SEED = 2**63 - 1  # mlx's PRNG keys are 64-bit
-
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from .tool_calls.base import Tools, function_tools
+from kiln.protocol.request import ToolChoice
+
+from .tool_calls.base import Tools, only_functions
 
 _TOOLS_VAR = re.compile(r"\btools\b")
 
@@ -31,37 +34,32 @@ def _signature(tool: dict[str, Any]) -> str:
     return json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
 
 
-def _chosen(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[list[dict[str, Any]], str]:
-    """The tools to describe and the rule line for ``tool_choice``."""
-    if isinstance(tool_choice, dict):
-        kind = tool_choice.get("type")
-        if kind == "function" and tool_choice.get("name"):
-            name = tool_choice["name"]
-            return [t for t in tools if t["name"] == name], f"You must call the function {name}."
-        if kind == "allowed_tools":
-            allowed = {t.get("name") for t in tool_choice.get("tools") or ()}
-            subset = [t for t in tools if t["name"] in allowed]
-            if tool_choice.get("mode") == "required":
-                return subset, "You must call at least one function."
-            return subset, "Call a function when it helps answer; otherwise reply normally."
-    if tool_choice == "required":
+def _chosen(tools: list[dict[str, Any]], choice: ToolChoice) -> tuple[list[dict[str, Any]], str]:
+    """The tools to describe and the rule line for the tool mode."""
+    if choice.mode == "named":
+        return [t for t in tools if t["name"] == choice.name], f"You must call the function {choice.name}."
+    if choice.allowed is not None:
+        tools = [t for t in tools if t["name"] in set(choice.allowed)]
+    if choice.mode == "required":
         return tools, "You must call at least one function."
     return tools, "Call a function when it helps answer; otherwise reply normally."
 
 
 def render_tools_system_prompt(
     tools: Tools | None,
-    tool_choice: Any = "auto",
+    tool_choice: ToolChoice | str | Mapping[str, Any] = "auto",
     parallel_tool_calls: bool = True,
 ) -> str:
     """The system-prompt block that declares ``tools`` ("" when none apply).
 
     Only function tools are described (other tool types have no schema a
     small model could follow); ``tool_choice="none"`` describes nothing.
+    ``tool_choice``: the request's ``ToolChoice``, or its Responses API shape.
     """
-    if tool_choice == "none":
+    choice = tool_choice if isinstance(tool_choice, ToolChoice) else ToolChoice.from_api(tool_choice)
+    if choice.mode == "none":
         return ""
-    chosen, rule = _chosen(function_tools(tools), tool_choice)
+    chosen, rule = _chosen(only_functions(tools), choice)
     if not chosen:
         return ""
     lines = [

@@ -98,7 +98,7 @@ class ToolCallParser(ABC):
         """Flush everything held back and return the authoritative parse."""
 
 
-def function_tools(tools: Tools | None) -> list[dict[str, Any]]:
+def only_functions(tools: Tools | None) -> list[dict[str, Any]]:
     """The declared function tools (other tool types have no schema here)."""
     return [t for t in tools or () if t.get("type", "function") == "function" and t.get("name")]
 
@@ -106,7 +106,7 @@ def function_tools(tools: Tools | None) -> list[dict[str, Any]]:
 def parameter_schemas(tools: Tools | None) -> dict[str, dict[str, Any]]:
     """Map function name -> its ``parameters.properties`` (for type conversion)."""
     out: dict[str, dict[str, Any]] = {}
-    for tool in function_tools(tools):
+    for tool in only_functions(tools):
         params = tool.get("parameters") or {}
         props = params.get("properties") if isinstance(params, dict) else None
         out[tool["name"]] = props if isinstance(props, dict) else {}
@@ -124,5 +124,5 @@ def nested_tools(tools: Tools | None) -> list[dict[str, Any]]:
                 "parameters": t.get("parameters") or {"type": "object", "properties": {}},
             },
         }
-        for t in function_tools(tools)
+        for t in only_functions(tools)
     ]
