@@ -11,7 +11,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from kiln.worker.engine import Scheduler
 from kiln.worker.engine.rollback import drop_positions
-from kiln.worker.engine.speculative import NgramIndex, RowDrafts, Speculation
+from kiln.worker.engine.speculative import NgramIndex, RowDrafts, Speculation, choose_width
 
 from .test_engine import Run, packed_tiny_llama, prompt_for, tiny_llama
 
@@ -46,18 +46,30 @@ def test_index_prefers_the_longest_suffix_and_honours_min_match():
     assert NgramIndex([1, 2, 1, 2]).propose(0) == ([], 0)
 
 
-def test_auto_pauses_a_row_whose_drafts_miss():
-    drafts = RowDrafts(Speculation(mode="auto", tokens=4), [1, 2, 3, 4, 1, 2, 3])
-    assert drafts.propose(10) == [4, 1, 2, 3]
-    drafts.record(4, 0)
-    drafts.record(4, 0)
-    assert [drafts.propose(10) for _ in range(4)] == [[]] * 4  # paused
-    assert drafts.propose(10) == [4, 1, 2, 3]  # tries again
-    assert drafts.propose(2) == [4, 1] and drafts.propose(0) == []  # never past the row's budget
-    on = RowDrafts(ON, [1, 2, 3, 1, 2])
-    for _ in range(5):
-        on.record(4, 0)
-    assert on.propose(4) == [3, 1, 2]  # "on" never pauses, and takes 2-token matches
+def test_auto_drafts_as_far_as_the_rows_record_pays_for():
+    auto = RowDrafts(Speculation(mode="auto", tokens=4), [1, 2, 3, 4, 1, 2, 3])
+    assert auto.propose(10) == [4, 1, 2, 3]
+    assert auto.propose(2) == [4, 1] and auto.propose(0) == []  # never past the row's budget
+    assert RowDrafts(Speculation(mode="auto"), [5, 1, 2, 7, 1, 2]).propose(4) == []  # auto wants 3+ tokens
+    assert RowDrafts(ON, [5, 1, 2, 7, 1, 2]).propose(4) == [7, 1, 2]  # on takes 2
+    fresh = auto.acceptance
+    for _ in range(6):
+        auto.record(4, 4)
+    assert auto.acceptance > 0.85
+    assert choose_width([[4, 1, 2, 3]], [auto.acceptance]) == 5
+    auto.record(4, 0)
+    assert 1 < choose_width([[4, 1, 2, 3]], [auto.acceptance]) < 5  # fewer at once
+    for _ in range(7):
+        auto.record(4, 0)
+    assert auto.acceptance < 0.25
+    assert choose_width([[4, 1, 2, 3]], [auto.acceptance]) == 1  # a plain step: no drafts
+    for _ in range(100):
+        auto.record(0, 0)  # quiet steps: the record fades back to the prior, so it tries again
+    assert auto.acceptance == pytest.approx(fresh, abs=0.02)
+    assert choose_width([[4, 1, 2, 3]], [fresh]) > 1
+    # One drafting row among eight: its drafts would widen every row's step; not worth it.
+    assert choose_width([[4, 1, 2, 3]] + [[]] * 7, [0.9] + [fresh] * 7) == 1
+    assert choose_width([[]], [fresh]) == 1
 
 
 # ---- the cache repair ---------------------------------------------------------------------

@@ -34,7 +34,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 from .native_decode import NativeDecoder, log_softmax
 from .rollback import drop_positions
 from .sampling import Sampler, greedy, sample_rows, top_k_logprobs
-from .speculative import DecodeStats, RowDrafts, Speculation
+from .speculative import DecodeStats, RowDrafts, Speculation, choose_width
 from .types import EngineRequest
 
 
@@ -254,7 +254,7 @@ class DecodeBatch:
 
     def _drafts(self) -> list[list[int]] | None:
         """Each row's drafts for this step, or None for a plain step (no row drafts, or, in
-        ``auto``, fewer than half of them: the others' padding would cost more than they win)."""
+        ``auto``, none that would pay for the wider step: see speculative.choose_width)."""
         if not self.speculation.enabled or not self.rows:
             return None
         pending = self._inputs.tolist()  # on the pipelined path this waits for the last step
@@ -271,8 +271,13 @@ class DecodeBatch:
             # step samples anyway, then drafts.
             room = row.req.params.max_tokens - row.generated - (undelivered if row.started else 0) - 1
             drafts.append(row.drafts.propose(room))
-        drafting = sum(1 for d in drafts if d)
-        if not drafting or (self.speculation.mode == "auto" and 2 * drafting < len(drafts)):
+        if self.speculation.mode == "auto":
+            width = choose_width(drafts, [r.drafts.acceptance if r.drafts else 0.0 for r in self.rows])
+            drafts = [d[: width - 1] for d in drafts]
+        if not any(drafts):
+            for row in self.rows:
+                if row.drafts is not None:
+                    row.drafts.record(0, 0)
             return None
         return drafts
 
@@ -318,9 +323,9 @@ class DecodeBatch:
             rejected.append(width - 1 - kept)
             nxt.append(picks[-1])
             row.started = True
-            if d:
-                assert row.drafts is not None
+            if row.drafts is not None:
                 row.drafts.record(len(d), kept)
+            if d:
                 self.stats.drafted += len(d)
                 self.stats.accepted += kept
             if row.error is None:

@@ -7,8 +7,9 @@ decode batch feeds the guess with the row's last token as one (B, T) block, and 
 row's own sampler would have drawn anyway is a token won without a step of its own. No draft
 model: the index is a dict over the row's prompt and output.
 
-``NgramIndex`` finds drafts; ``RowDrafts`` decides, per row, whether drafting pays (``auto``
-backs off a row whose drafts keep being rejected, so ordinary prose loses almost nothing).
+``NgramIndex`` finds drafts; ``RowDrafts`` keeps a row's record of kept drafts, from which
+``choose_width`` decides how many to feed (``auto`` drafts little where drafts keep being
+rejected, so ordinary prose loses almost nothing).
 Nothing here touches mlx: batch.py feeds, verifies and repairs the cache.
 """
 
@@ -28,8 +29,9 @@ NGRAMS = (4, 3, 2)
 @dataclass(frozen=True)
 class Speculation:
     """How the decode batch drafts: ``off`` never; ``on`` whenever a row's last 2-4 tokens
-    occurred before; ``auto`` on a match of 3 or more tokens while the row's recent drafts
-    were mostly accepted (it pauses a row whose drafts miss, longer each time)."""
+    occurred before, every draft found; ``auto`` on a match of 3 or more tokens, as many drafts
+    as its cost model expects to pay for the longer step (``choose_width``): rows whose drafts
+    keep being accepted draft long, rows whose drafts miss draft little or not at all."""
 
     mode: Mode = "auto"
     tokens: int = 4  # drafts per row per step, at most
@@ -85,15 +87,18 @@ class NgramIndex:
         return [], 0
 
 
-# auto: a row drafts while the moving average of drafts accepted per drafted step stays at or
-# above _AUTO_KEEP (a step of T tokens costs more than a step of one; about half a token won per
-# step pays for it on the CPU, see docs/performance.md). Below it the row pauses for _PAUSE_FIRST
-# steps, doubling up to _PAUSE_MAX while its drafts keep missing.
+# auto's model of a step's cost: a fixed part (reading the weights) plus TOKEN_COST of it per token
+# fed, as measured for the native CPU pass on the bundled model (a 1-row step feeding 5 tokens
+# took ~1.9x one feeding 1; 8 rows of 2 tokens ~2.3x 8 rows of 1). And of a row's drafts: each
+# next one is kept with probability ``acceptance``: the row's recent record (each step that fed
+# drafts weighs the past by _FORGET, each step that did not by _FORGET_QUIET) on top of a prior of
+# _PRIOR_HITS / (_PRIOR_HITS + _PRIOR_MISSES). A row whose drafts stop being kept drafts fewer at
+# once and none after a few steps, and tries one again once it has been quiet for a couple dozen.
+TOKEN_COST = 0.3
 _AUTO_MIN_MATCH = 3
-_AUTO_KEEP = 0.5
-_EMA = 0.3
-_PAUSE_FIRST = 4
-_PAUSE_MAX = 64
+_PRIOR_HITS, _PRIOR_MISSES = 0.5, 1.0
+_FORGET = 0.5
+_FORGET_QUIET = 0.9
 
 
 class RowDrafts:
@@ -102,9 +107,13 @@ class RowDrafts:
     def __init__(self, config: Speculation, tokens: Sequence[int]) -> None:
         self.config = config
         self.index = NgramIndex(tokens)
-        self._accepted = 1.0  # moving average of drafts accepted per drafted step (optimistic)
-        self._paused = 0  # steps left without drafting
-        self._pause = _PAUSE_FIRST  # the next pause's length
+        self._hits = 0.0  # drafts kept (recent ones count more)
+        self._misses = 0.0  # steps where a draft was rejected
+
+    @property
+    def acceptance(self) -> float:
+        """The chance that the row's next draft is kept, given the one before it was."""
+        return (self._hits + _PRIOR_HITS) / (self._hits + self._misses + _PRIOR_HITS + _PRIOR_MISSES)
 
     def sync(self, cached: Sequence[int], pending: int) -> None:
         """Catch the index up with the row: ``cached`` (the tokens whose KV is in the batch
@@ -115,30 +124,32 @@ class RowDrafts:
 
     def propose(self, room: int) -> list[int]:
         """Drafts for the next step (at most ``room``: the tokens the row may still deliver
-        after the one the step samples anyway), or [] when the row should not draft now."""
+        after the one the step samples anyway); the batch may feed fewer."""
         limit = min(self.config.tokens, room)
         if self.config.mode == "off" or limit <= 0:
             return []
-        if self.config.mode == "on":
-            return self.index.propose(limit)[0]
-        if self._paused:
-            self._paused -= 1
-            return []
-        return self.index.propose(limit, _AUTO_MIN_MATCH)[0]
+        return self.index.propose(limit, 2 if self.config.mode == "on" else _AUTO_MIN_MATCH)[0]
 
-    def record(self, proposed: int, accepted: int) -> None:
-        """How many of a step's ``proposed`` drafts the row's sampler kept."""
-        if not proposed:
-            return
-        self._accepted += _EMA * (accepted - self._accepted)
-        if self.config.mode != "auto":
-            return
-        if self._accepted < _AUTO_KEEP:
-            self._paused = self._pause
-            self._pause = min(self._pause * 2, _PAUSE_MAX)
-            self._accepted = 1.0  # the next try starts afresh
-        elif accepted:
-            self._pause = _PAUSE_FIRST
+    def record(self, fed: int, kept: int) -> None:
+        """A step fed ``fed`` of the row's drafts (0: none) and its sampler kept ``kept``."""
+        forget = _FORGET if fed else _FORGET_QUIET
+        self._hits *= forget
+        self._misses *= forget
+        self._hits += kept
+        self._misses += 1 if kept < fed else 0
+
+
+def choose_width(drafts: list[list[int]], acceptance: list[float], token_cost: float = TOKEN_COST) -> int:
+    """The block width (1 + drafts fed per row) that ``auto`` expects to deliver the most tokens
+    per unit of step time, rows with fewer drafts padded to it; 1 is a plain step."""
+    rows = len(drafts)
+    best, best_rate = 1, rows / (1 + token_cost * rows)
+    for width in range(2, 2 + max((len(d) for d in drafts), default=0)):
+        expected = sum(1 + sum(p**j for j in range(1, 1 + min(width - 1, len(d)))) for d, p in zip(drafts, acceptance))
+        rate = expected / (1 + token_cost * rows * width)
+        if rate > best_rate:
+            best, best_rate = width, rate
+    return best
 
 
 @dataclass
