@@ -43,6 +43,7 @@ def test_index_prefers_the_longest_suffix_and_honours_min_match():
     assert index.propose(2) == ([8, 9], 2)
     assert index.propose(2, min_match=3) == ([], 0)
     assert NgramIndex([4, 4]).propose(3) == ([], 0)  # a single token never matches
+    assert index.seen(2) and not index.seen(3)  # 8 1 occurred before; 9 8 1 did not
     assert NgramIndex([1, 2, 1, 2]).propose(0) == ([], 0)
 
 

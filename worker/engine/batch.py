@@ -257,15 +257,23 @@ class DecodeBatch:
         ``auto``, none that would pay for the wider step: see speculative.choose_width)."""
         if not self.speculation.enabled or not self.rows:
             return None
-        pending = self._inputs.tolist()  # on the pipelined path this waits for the last step
+        eligible = []
+        for row in self.rows:
+            if row.context is None and row.error is None:  # a grammar's mask follows every token: no drafts
+                if row.drafts is None:
+                    row.drafts = RowDrafts(self.speculation, row.tokens)
+                eligible.append(row)
+        # On the pipelined path the pending tokens are still being computed: wait for them only
+        # where a row's known tokens leave a match possible.
+        if not eligible or (not self._fed_delivered and not any(r.drafts.may_match(r.tokens) for r in eligible if r.drafts)):
+            return self._quiet()
+        pending = self._inputs.tolist()
         undelivered = 0 if self._fed_delivered else 1
         drafts: list[list[int]] = []
         for row, token in zip(self.rows, pending):
-            if row.context is not None or row.error is not None:
-                drafts.append([])  # a grammar's mask depends on every token before it: no drafts
+            if row.drafts is None or row.context is not None or row.error is not None:
+                drafts.append([])
                 continue
-            if row.drafts is None:
-                row.drafts = RowDrafts(self.speculation, row.tokens)
             row.drafts.sync(row.tokens, token)
             # Tokens this row may still deliver: the pending one (if not out yet), the one this
             # step samples anyway, then drafts.
@@ -275,11 +283,15 @@ class DecodeBatch:
             width = choose_width(drafts, [r.drafts.acceptance if r.drafts else 0.0 for r in self.rows])
             drafts = [d[: width - 1] for d in drafts]
         if not any(drafts):
-            for row in self.rows:
-                if row.drafts is not None:
-                    row.drafts.record(0, 0)
-            return None
+            return self._quiet()
         return drafts
+
+    def _quiet(self) -> None:
+        """A step without drafts: each row's record of past drafts fades a little."""
+        for row in self.rows:
+            if row.drafts is not None:
+                row.drafts.record(0, 0)
+        return None
 
     def _verify(self, drafts: list[list[int]]) -> list[Delivery]:
         """One step feeding each row its pending token and its drafts; deliver the kept drafts

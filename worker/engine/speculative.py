@@ -71,6 +71,10 @@ class NgramIndex:
                     after[tuple(seq[end - n : end])] = end
             seq.append(token)
 
+    def seen(self, n: int) -> bool:
+        """Whether the last ``n`` tokens (2 to 4) occurred before."""
+        return len(self._tokens) >= n and tuple(self._tokens[-n:]) in self._after
+
     def propose(self, limit: int, min_match: int = 2) -> tuple[list[int], int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest
         suffix (of at least ``min_match`` tokens) seen before, and that suffix's length; ([], 0)
@@ -121,6 +125,13 @@ class RowDrafts:
         if len(self.index) < len(cached):
             self.index.extend(cached[len(self.index) :])
         self.index.extend((pending,))
+
+    def may_match(self, cached: Sequence[int]) -> bool:
+        """Whether the row may have drafts once its pending token is known: a match of n tokens
+        ending with it needs the n - 1 known tokens before it to have occurred before."""
+        if len(self.index) < len(cached):
+            self.index.extend(cached[len(self.index) :])
+        return self.config.mode == "on" or self.index.seen(_AUTO_MIN_MATCH - 1)
 
     def propose(self, room: int) -> list[int]:
         """Drafts for the next step (at most ``room``: the tokens the row may still deliver
