@@ -91,16 +91,18 @@ class NgramIndex:
         return [], 0
 
 
-# auto's model of a step's cost: a fixed part (reading the weights) plus TOKEN_COST of it per token
-# fed, as measured for the native CPU pass on the bundled model (a 1-row step feeding 5 tokens
-# took ~1.9x one feeding 1; 8 rows of 2 tokens ~2.3x 8 rows of 1). And of a row's drafts: each
-# next one is kept with probability ``acceptance``: the row's recent record (each step that fed
-# drafts weighs the past by _FORGET, each step that did not by _FORGET_QUIET) on top of a prior of
-# _PRIOR_HITS / (_PRIOR_HITS + _PRIOR_MISSES). A row whose drafts stop being kept drafts fewer at
-# once and none after a few steps, and tries one again once it has been quiet for a couple dozen.
-TOKEN_COST = 0.3
+# auto's model of a step's cost: a fixed part plus TOKEN_COST of it per token fed, as measured for
+# the native CPU pass on the bundled model on the 2-core development machine (~6.5 ms a step plus
+# ~4.5 ms a token: a 1-row step feeding 5 tokens took 2.75x one feeding 1, 8 rows of 2 tokens 1.9x
+# 8 rows of 1; the products are bound by arithmetic, not by reading the weights). And of a row's
+# drafts: each next one is kept with probability ``acceptance``: the row's recent record (each step
+# that fed drafts weighs the past by _FORGET, each step that did not by _FORGET_QUIET) on top of a
+# prior of _PRIOR_HITS / (_PRIOR_HITS + _PRIOR_MISSES). Under this model a row drafts only once its
+# drafts are kept more often than not; one whose drafts stop being kept drafts fewer at once and
+# none after a miss or two, and tries again after a few quiet steps.
+TOKEN_COST = 0.7
 _AUTO_MIN_MATCH = 3
-_PRIOR_HITS, _PRIOR_MISSES = 0.5, 1.0
+_PRIOR_HITS, _PRIOR_MISSES = 0.9, 0.6
 _FORGET = 0.5
 _FORGET_QUIET = 0.9
 
