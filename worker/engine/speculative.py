@@ -97,9 +97,9 @@ class NgramIndex:
 # 8 rows of 1; the products are bound by arithmetic, not by reading the weights). And of a row's
 # drafts: each next one is kept with probability ``acceptance``: the row's recent record (each step
 # that fed drafts weighs the past by _FORGET, each step that did not by _FORGET_QUIET) on top of a
-# prior of _PRIOR_HITS / (_PRIOR_HITS + _PRIOR_MISSES). Under this model a row drafts only once its
-# drafts are kept more often than not; one whose drafts stop being kept drafts fewer at once and
-# none after a miss or two, and tries again after a few quiet steps.
+# prior of _PRIOR_HITS / (_PRIOR_HITS + _PRIOR_MISSES). Under this model a lone row keeps drafting
+# while more than ~40 % of its drafts are kept; one whose drafts stop being kept drafts fewer at
+# once and none after a miss or two, and tries again after a few quiet steps.
 TOKEN_COST = 0.7
 _AUTO_MIN_MATCH = 3
 _PRIOR_HITS, _PRIOR_MISSES = 0.9, 0.6
