@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from {', '.join(ALL_PEERS)} (default: %(default)s); unavailable ones are skipped")
     p.add_argument("--runs", type=int, default=None, help="runs per peer; the table shows medians (default 3; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="smaller workloads (32 output tokens, 1 and 4 streams, 3 turns, 256-token system prompt) and 1 run")
-    p.add_argument("--workloads", default=",".join(wl.WORKLOADS), help="comma-separated, from %(default)s")
+    p.add_argument("--workloads", default=",".join(wl.WORKLOADS), help=f"comma-separated, from {','.join(wl.RUNNERS)} (default: %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="write every run's metrics and the medians here")
     p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="compute threads for every peer: llama-server's -t, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (default: the usable core count); 1 on a machine shared with other work, where spinning threads that wait for a descheduled one make 2 threads far slower than 1")
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"unknown peer {p!r}; choose from {', '.join(ALL_PEERS)}")
     for n in names:
         if n not in wl.RUNNERS:
-            sys.exit(f"unknown workload {n!r}; choose from {', '.join(wl.WORKLOADS)}")
+            sys.exit(f"unknown workload {n!r}; choose from {', '.join(wl.RUNNERS)}")
     ratio_bases = [b.strip() for b in opts.ratios.split(",") if b.strip()] if opts.ratios else None
     for b in ratio_bases or []:
         if b not in peers:

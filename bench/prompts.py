@@ -89,3 +89,39 @@ def system_prompt(run: int, n_tokens: int = 1000) -> str:
     """A long system prompt of about `n_tokens` tokens, unique to the run."""
     body = " ".join(_RULES) + " "
     return fit(tag("s", run, 0) + "You are a careful assistant for a software team. ", body, " Follow these rules in every answer.", n_tokens)
+
+
+# An agent's edit turn: a source file in the prompt, and a request whose answer is that file again
+# with one change, so most of the answer is copied from the prompt (where prompt lookup drafts).
+_CODE_FUNCTIONS = [
+    ("total_price", "items", "return sum(item.price * item.quantity for item in items)"),
+    ("apply_discount", "total, percent", "if percent < 0 or percent > 100:\n        raise ValueError(\"percent must be between 0 and 100\")\n    return total * (100 - percent) / 100"),
+    ("format_receipt", "items", "lines = [f\"{item.name:<20} {item.quantity:>3} x {item.price:>8.2f}\" for item in items]\n    lines.append(f\"{'total':<20} {total_price(items):>16.2f}\")\n    return \"\\n\".join(lines)"),
+    ("find_item", "items, name", "for item in items:\n        if item.name == name:\n            return item\n    return None"),
+    ("restock", "items, name, count", "item = find_item(items, name)\n    if item is None:\n        raise KeyError(name)\n    item.quantity += count\n    return item.quantity"),
+    ("cheapest", "items", "if not items:\n        return None\n    return min(items, key=lambda item: item.price)"),
+    ("group_by_category", "items", "groups = {}\n    for item in items:\n        groups.setdefault(item.category, []).append(item)\n    return groups"),
+    ("load_items", "path", "with open(path, encoding=\"utf-8\") as f:\n        rows = json.load(f)\n    return [Item(**row) for row in rows]"),
+    ("save_items", "items, path", "with open(path, \"w\", encoding=\"utf-8\") as f:\n        json.dump([item.__dict__ for item in items], f, indent=2)"),
+    ("low_stock", "items, threshold=5", "return [item for item in items if item.quantity < threshold]"),
+    ("price_range", "items", "prices = [item.price for item in items]\n    return (min(prices), max(prices)) if prices else (0.0, 0.0)"),
+    ("rename_item", "items, old, new", "item = find_item(items, old)\n    if item is None:\n        raise KeyError(old)\n    item.name = new\n    return item"),
+]
+
+EDIT_REQUEST = "Rewrite this file with one change: rename the function `total_price` to `order_total` everywhere. Reply with the complete file and nothing else."
+
+
+def code_file(run: int, index: int, n_tokens: int = 600) -> str:
+    """A Python module of about `n_tokens` tokens (whole functions), unique per (run, index)."""
+    head = f"# inventory.py {tag('c', run, index)}\nimport json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Item:\n    name: str\n    category: str\n    price: float\n    quantity: int\n"
+    text = head
+    for name, args, body in _CODE_FUNCTIONS:
+        more = text + f"\n\ndef {name}({args}):\n    {body}\n"
+        if count_tokens(more) > n_tokens:
+            break
+        text = more
+    return text
+
+
+def edit_prompt(run: int, index: int, n_tokens: int = 600) -> str:
+    return f"{EDIT_REQUEST}\n\n```python\n{code_file(run, index, n_tokens)}```"

@@ -5,6 +5,9 @@
   conversation   a 5-turn conversation resending the whole history each turn; turn-5 TTFT
                  against the same-size prompt sent cold, and the server's cached_tokens
   shared_system  requests sharing a ~1k-token system prompt: the first (cold) against the rest
+  agent_edit     an agent's edit turn: a ~600-token source file and "rewrite it with one change",
+                 so the answer copies most of the prompt (where speculative decoding pays); not in
+                 the default set (--workloads agent_edit; bench/speculative.py runs it)
 
 Metric names are "<workload>.<metric>"; units are in the name (_ms, _tps, _tokens).
 """
@@ -35,11 +38,14 @@ class Config:
     system_tokens: int = 1000
     system_requests: int = 4
     system_output_tokens: int = 16
+    edit_reps: int = 2
+    edit_tokens: int = 600
+    edit_output_tokens: int = 256
     timeout: float = 900.0
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(single_reps=1, output_tokens=32, concurrency=(1, 4), turns=3, turn_output_tokens=16, system_tokens=256, system_requests=2, system_output_tokens=8)
+        return cls(single_reps=1, output_tokens=32, concurrency=(1, 4), turns=3, turn_output_tokens=16, system_tokens=256, system_requests=2, system_output_tokens=8, edit_reps=1, edit_output_tokens=128)
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Context:
     run: int
     progress: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
     errors: list[str] = field(default_factory=list)
+    texts: dict[str, list[str]] = field(default_factory=dict)  # each workload's answers, in order
 
     async def stream(self, messages, max_tokens, exact: bool = False) -> StreamResult:
         """One request at temperature 0; `exact` asks for max_tokens where the server can promise it."""
@@ -77,6 +84,7 @@ async def single(ctx: Context) -> dict[str, float | None]:
         r = await ctx.stream(msgs, ctx.cfg.output_tokens, exact=True)
         ctx.progress(f"    single {i + 1}/{ctx.cfg.single_reps}: {_describe(r)}")
         results.append(r)
+    ctx.texts["single"] = [r.text for r in results]
     ok = [r for r in results if r.ok]
     lat = [r.latency * 1000 for r in ok]
     return {
@@ -163,11 +171,29 @@ async def shared_system(ctx: Context) -> dict[str, float | None]:
     }
 
 
+async def agent_edit(ctx: Context) -> dict[str, float | None]:
+    results = []
+    for i in range(ctx.cfg.edit_reps):
+        msgs = [{"role": "user", "content": prompts.edit_prompt(ctx.run, 500 + i, ctx.cfg.edit_tokens)}]
+        r = await ctx.stream(msgs, ctx.cfg.edit_output_tokens)
+        ctx.progress(f"    agent edit {i + 1}/{ctx.cfg.edit_reps}: {_describe(r)}, input {r.input_tokens}")
+        results.append(r)
+    ctx.texts["agent_edit"] = [r.text for r in results]
+    ok = [r for r in results if r.ok]
+    return {
+        "agent_edit.ttft_ms": median([_ms(r.ttft) for r in ok]),
+        "agent_edit.decode_tps": median([r.decode_tps for r in ok]),
+        "agent_edit.output_tokens": median([r.tokens for r in ok]),
+        "agent_edit.input_tokens": median([r.input_tokens for r in ok]),
+    }
+
+
 RUNNERS: dict[str, Callable[[Context], Awaitable[dict[str, float | None]]]] = {
     "single": single,
     "concurrent": concurrent,
     "conversation": conversation,
     "shared_system": shared_system,
+    "agent_edit": agent_edit,
 }
 
 # Whether a larger value is better, by metric suffix (for reading ratios).

@@ -56,6 +56,16 @@ class _WorkerCollector:
         active = GaugeMetricFamily("kiln_worker_active", "Requests decoding on each worker.", labels=["worker", "model"])
         queued = GaugeMetricFamily("kiln_worker_queue_depth", "Requests waiting on each worker.", labels=["worker", "model"])
         ratio = GaugeMetricFamily("kiln_worker_cache_hit_ratio", "Prefix-cache hits over lookups on each worker.", labels=["worker", "model"])
+        # Speculative decoding: decode_tokens / decode_steps is the tokens a request gets per step.
+        counts = {
+            key: CounterMetricFamily(f"kiln_worker_{name}", text, labels=["worker", "model"])
+            for key, name, text in (
+                ("decode_tokens", "decode_tokens", "Tokens decoded on each worker."),
+                ("decode_row_steps", "decode_steps", "Decode steps on each worker, counted per request stepped."),
+                ("draft_tokens", "draft_tokens", "Prompt-lookup draft tokens verified on each worker."),
+                ("accepted_draft_tokens", "accepted_draft_tokens", "Of those, the drafts kept."),
+            )
+        }
         for w in list(self.pool.workers.values()):
             labels = [w.info.worker_id, w.info.model]
             routed.add_metric(labels, w.routed)
@@ -63,10 +73,13 @@ class _WorkerCollector:
             queued.add_metric(labels, w.queued)
             lookups = w.cache.get("cache_lookups") or 0
             ratio.add_metric(labels, (w.cache.get("cache_hits") or 0) / lookups if lookups else 0.0)
+            for key, family in counts.items():
+                family.add_metric(labels, w.cache.get(key) or 0)
         yield routed
         yield active
         yield queued
         yield ratio
+        yield from counts.values()
 
 
 class GenerationTimer:

@@ -33,6 +33,8 @@ class WorkerSettings:
     queue_depth: int = setting(64, min=0, help="Requests that may wait for a batch slot; more get 503.")
     prefill_chunk: int = setting(512, min=1, help="Prompt tokens processed per scheduler step.")
     cache_bytes: int = setting(1 << 30, min=0, help="Byte budget of the prefix (prompt) cache; 0 turns it off.")
+    speculative: Literal["auto", "on", "off"] = setting("auto", help="Speculative decoding by prompt lookup: draft tokens copied from the prompt and output so far, verified in one step. auto: where a row's drafts keep being accepted; on: whenever its last tokens occurred before.")
+    speculative_tokens: int = setting(4, min=1, max=16, help="Draft tokens per request per decode step, at most.")
     tool_parser: str | None = setting(None, help="Tool-call format (hermes, mistral, llama3, qwen3_coder, pythonic, ...). Default: chosen from the chat template.")
     max_output_tokens: int = setting(4096, min=1, help="Output cap when a request sets none.")
     engine: Literal["mlx", "scripted"] = setting("mlx", help="scripted: a weightless engine for protocol tests and overhead benchmarks.")

@@ -100,3 +100,4 @@ def test_metrics_endpoint(scripted_http):
     assert "kiln_time_to_first_token_seconds_count" in text and "kiln_inter_token_seconds_bucket" in text
     assert 'kiln_tokens_total{direction="output"}' in text
     assert "kiln_worker_cache_hit_ratio{" in text and "kiln_worker_queue_depth{" in text
+    assert "kiln_worker_decode_tokens_total{" in text and "kiln_worker_accepted_draft_tokens_total{" in text

@@ -532,7 +532,8 @@ def test_queue_full_and_validation(make_scheduler):
         Run([1], top_logprobs=21).submit(s)
     stats = s.stats()
     assert stats["queued"] == 3 and stats["active"] == 0
-    assert set(stats) == {"active", "queued", "cache_hits", "cache_lookups", "cached_tokens_total", "cache_bytes"}
+    assert set(stats) == {"active", "queued", "cache_hits", "cache_lookups", "cached_tokens_total", "cache_bytes",
+                          "decode_row_steps", "decode_tokens", "speculative_steps", "draft_tokens", "accepted_draft_tokens"}  # fmt: skip
 
 
 def test_stop_cancels_everything_in_flight(make_scheduler):

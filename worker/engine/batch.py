@@ -12,6 +12,14 @@ previous step, queues the next forward pass with async_eval, and only then waits
 previous step's results, so the host's bookkeeping overlaps the model's compute. The
 native CPU decode step (native_decode.py) runs on the calling thread instead, so there is
 nothing to overlap: its steps deliver the tokens they sample right away, a step earlier.
+
+Speculation (speculative.py): when rows have drafts, the step instead feeds each row its last
+token and its drafts as one (B, T) block, samples every position with the row's own sampler in
+order and keeps drafts while the draw equals them; the first draw that differs is delivered in
+place of the draft. Each delivered token is the sampler's draw from the right context, so the
+output is the one a plain step would give (greedy token for token, a seeded sampler key for
+key: its key splits once per delivered token). Rejected positions leave the cache
+(rollback.py). Such a step waits for its inputs, so it does not pipeline.
 """
 
 from __future__ import annotations
@@ -20,10 +28,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
 from .native_decode import NativeDecoder, log_softmax
+from .rollback import drop_positions
 from .sampling import Sampler, greedy, sample_rows, top_k_logprobs
+from .speculative import DecodeStats, RowDrafts, Speculation, choose_width
 from .types import EngineRequest
 
 
@@ -39,6 +50,7 @@ class Row:
     generated: int = 0
     started: bool = False  # its first step feeds the last prompt token: nothing to deliver
     error: str | None = None  # set when its logits processor failed
+    drafts: RowDrafts | None = None  # its prompt-lookup index, made on its first drafting step
 
 
 @dataclass
@@ -68,10 +80,18 @@ def extract_row(cache: list[BatchKVCache], i: int) -> list[KVCache]:
 class DecodeBatch:
     """Rows in generation, sharing one BatchKVCache per layer."""
 
-    def __init__(self, model: nn.Module, native: NativeDecoder | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        native: NativeDecoder | None = None,
+        speculation: Speculation | None = None,
+        stats: DecodeStats | None = None,
+    ) -> None:
         self.model = model
         # On the CPU, llama/Qwen models with packed weights decode outside mlx's graph.
         self.native = native
+        self.speculation = speculation or Speculation(mode="off")
+        self.stats = stats or DecodeStats()  # the scheduler's, outliving this batch
         self.rows: list[Row] = []
         self._cache: list[BatchKVCache] = []
         self._inputs: mx.array | None = None  # (B,) tokens the next step feeds
@@ -149,7 +169,15 @@ class DecodeBatch:
         return mx.concatenate(out), contexts
 
     def step(self) -> list[Delivery]:
-        """Advance every row by one token; return the tokens due for delivery."""
+        """Advance every row by one token (or more, where drafts are accepted); return the
+        tokens due for delivery."""
+        drafts = self._drafts()
+        out = self._verify(drafts) if drafts is not None else self._plain_step()
+        self.stats.row_steps += len(self.rows)
+        self.stats.tokens += len(out)
+        return out
+
+    def _plain_step(self) -> list[Delivery]:
         rows = self.rows
         inputs = self._inputs
         logprobs = None
@@ -221,3 +249,137 @@ class DecodeBatch:
         if want and top is not None:
             alts = sorted(zip(top[0][i], top[1][i]), key=lambda t: -t[1])[:want]
         return Delivery(row, tokens[i], logprobs[i], alts)
+
+    # ---- speculation ---------------------------------------------------------------------
+
+    def _drafts(self) -> list[list[int]] | None:
+        """Each row's drafts for this step, or None for a plain step (no row drafts, or, in
+        ``auto``, none that would pay for the wider step: see speculative.choose_width)."""
+        if not self.speculation.enabled or not self.rows:
+            return None
+        eligible = []
+        for row in self.rows:
+            if row.context is None and row.error is None:  # a grammar's mask follows every token: no drafts
+                if row.drafts is None:
+                    row.drafts = RowDrafts(self.speculation, row.tokens)
+                eligible.append(row)
+        # On the pipelined path the pending tokens are still being computed: wait for them only
+        # where a row's known tokens leave a match possible.
+        if not eligible or (not self._fed_delivered and not any(r.drafts.may_match(r.tokens) for r in eligible if r.drafts)):
+            return self._quiet()
+        pending = self._inputs.tolist()
+        undelivered = 0 if self._fed_delivered else 1
+        drafts: list[list[int]] = []
+        for row, token in zip(self.rows, pending):
+            if row.drafts is None or row.context is not None or row.error is not None:
+                drafts.append([])
+                continue
+            row.drafts.sync(row.tokens, token)
+            # Tokens this row may still deliver: the pending one (if not out yet), the one this
+            # step samples anyway, then drafts.
+            room = row.req.params.max_tokens - row.generated - (undelivered if row.started else 0) - 1
+            drafts.append(row.drafts.propose(room))
+        if self.speculation.mode == "auto":
+            width = choose_width(drafts, [r.drafts.acceptance if r.drafts else 0.0 for r in self.rows])
+            drafts = [d[: width - 1] for d in drafts]
+        if not any(drafts):
+            return self._quiet()
+        return drafts
+
+    def _quiet(self) -> None:
+        """A step without drafts: each row's record of past drafts fades a little."""
+        for row in self.rows:
+            if row.drafts is not None:
+                row.drafts.record(0, 0)
+        return None
+
+    def _verify(self, drafts: list[list[int]]) -> list[Delivery]:
+        """One step feeding each row its pending token and its drafts; deliver the kept drafts
+        and the first draw that differs (or follows the last draft)."""
+        rows = self.rows
+        out: list[Delivery] = []
+        pending = self._take(self._inputs, self._logprobs, self._top)
+        if not self._fed_delivered:
+            out.extend(self._delivery(row, i, *pending) for i, row in enumerate(rows) if row.started)
+        last: list[int] = pending[0]
+        width = 1 + max(len(d) for d in drafts)
+        # Rows with fewer drafts are right-padded (with their own token): positions after a
+        # row's real ones never reach its real positions' logits, and leave the cache below.
+        block = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(last, drafts)], dtype=mx.uint32)
+        native = self.native is not None and len(rows) * width <= self.native.max_rows
+        if native:
+            raw = self.native.forward(block, self._cache)
+            logprobs = log_softmax(raw)
+            first = mx.array(raw[:, 0, :]) if any(r.context is not None for r in rows) else None
+        else:
+            logits = self.model(block, cache=self._cache)
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            mx.eval(logits, lp)
+            logprobs = np.array(lp)
+            first = logits[:, 0, :] if any(r.context is not None for r in rows) else None
+        if first is not None:  # processor rows draft nothing: only their first position counts
+            processed, _ = self._apply_processors(first, self._inputs)
+            processed = processed - mx.logsumexp(processed, axis=-1, keepdims=True)
+            processed_np = np.array(processed)
+            for i, row in enumerate(rows):
+                if row.context is not None:
+                    logprobs[i, 0] = processed_np[i]
+
+        rejected, nxt = [], []
+        for i, row in enumerate(rows):
+            d = drafts[i]
+            picks = self._accept(row, logprobs[i, : len(d) + 1], d)
+            kept = len(picks) - 1
+            row.tokens.append(last[i])
+            row.tokens.extend(d[:kept])
+            rejected.append(width - 1 - kept)
+            nxt.append(picks[-1])
+            row.started = True
+            if row.drafts is not None:
+                row.drafts.record(len(d), kept)
+            if d:
+                self.stats.drafted += len(d)
+                self.stats.accepted += kept
+            if row.error is None:
+                out.extend(self._scored(row, tok, logprobs[i, j]) for j, tok in enumerate(picks))
+        drop_positions(self._cache, rejected, in_place=native)
+        self._inputs = mx.array(nxt, dtype=mx.uint32)
+        self._logprobs = mx.zeros((len(rows),))
+        self._top = None
+        self._fed_delivered = True
+        self.steps += 1
+        self.stats.verify_steps += 1
+        return out
+
+    @staticmethod
+    def _accept(row: Row, logprobs: np.ndarray, drafts: list[int]) -> list[int]:
+        """The row's draws at successive positions while they equal its drafts; the last one is
+        the first that differs (or the one after the last draft). A sampler that raises marks
+        the row (the scheduler ends it) and yields a placeholder that is never delivered."""
+        if row.error is not None or row.sampler is greedy:
+            best = logprobs.argmax(axis=-1).tolist()
+            kept = 0
+            while kept < len(drafts) and best[kept] == drafts[kept]:
+                kept += 1
+            return best[: kept + 1]
+        picks: list[int] = []
+        try:
+            for j in range(len(drafts) + 1):
+                token = int(row.sampler(mx.array(logprobs[j : j + 1])).item())
+                picks.append(token)
+                if j == len(drafts) or token != drafts[j]:
+                    break
+        except Exception as e:
+            row.error = f"sampling failed: {e!r}"
+            return [int(logprobs[0].argmax())]
+        return picks
+
+    @staticmethod
+    def _scored(row: Row, token: int, logprobs: np.ndarray) -> Delivery:
+        """A delivered token with its logprob and the alternatives the request asked for."""
+        want = row.req.params.top_logprobs
+        alts = None
+        if want:
+            idx = np.argpartition(-logprobs, want - 1)[:want]
+            alts = sorted(((int(t), float(logprobs[t])) for t in idx), key=lambda t: -t[1])
+        return Delivery(row, token, float(logprobs[token]), alts)

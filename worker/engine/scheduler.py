@@ -38,6 +38,7 @@ from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeDecoder
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
 from .sampling import make_sampler
+from .speculative import DecodeStats, Speculation
 from .types import EngineRequest, QueueFull, Step
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,12 @@ class Scheduler:
         prefill_chunk: int = 512,
         cache_bytes: int = 512 << 20,
         input_major_weights: bool | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         """input_major_weights: store dense weights transposed for faster CPU matmuls
         (see layout.py); None = on the CPU, whichever layout measures faster. Modifies
-        model in place."""
+        model in place. speculation: prompt-lookup drafting (speculative.py); None = its
+        defaults."""
         if input_major_weights is None:
             if on_cpu():
                 choose_weight_layout(model)
@@ -89,7 +92,9 @@ class Scheduler:
         # Built on the engine thread (see _run), which then is the only one running the native
         # kernels: libgomp throttles its thread pools once a second thread has used them.
         self._native: NativeDecoder | None = None
-        self._batch = DecodeBatch(model)
+        self.speculation = speculation or Speculation()
+        self._decode_stats = DecodeStats()
+        self._batch = self._new_batch()
 
     # ---- caller side (any thread) -------------------------------------------------
 
@@ -133,6 +138,7 @@ class Scheduler:
             "cache_lookups": prefix.lookups if prefix else 0,
             "cached_tokens_total": prefix.tokens_served if prefix else 0,
             "cache_bytes": prefix.nbytes if prefix else 0,
+            **self._decode_stats.as_dict(),
         }
 
     def stop(self) -> None:
@@ -146,6 +152,9 @@ class Scheduler:
             self._shutdown()
 
     # ---- scheduler thread ---------------------------------------------------------
+
+    def _new_batch(self) -> DecodeBatch:
+        return DecodeBatch(self._model, self._native, self.speculation, self._decode_stats)
 
     def _idle(self) -> bool:
         return not (self._waiting or self._cancels or self._prefills or len(self._batch))
@@ -191,7 +200,7 @@ class Scheduler:
 
     def _fail_in_flight(self, error: str) -> None:
         prefills, self._prefills = list(self._prefills), deque()
-        rows, self._batch = self._batch.rows, DecodeBatch(self._model, self._native)
+        rows, self._batch = self._batch.rows, self._new_batch()
         mx.clear_cache()
         for req in [p.req for p in prefills] + [r.req for r in rows]:
             self._finish(req, "error", error)
@@ -240,7 +249,7 @@ class Scheduler:
             deliveries = self._batch.step()
         except Exception as e:
             log.exception("decode step failed")
-            rows, self._batch = self._batch.rows, DecodeBatch(self._model, self._native)
+            rows, self._batch = self._batch.rows, self._new_batch()
             mx.clear_cache()
             for row in rows:
                 self._finish(row.req, "error", f"model step failed: {e!r}")
@@ -393,7 +402,7 @@ class Scheduler:
         self._prefills.clear()
         for row in self._batch.rows:
             self._finish(row.req, "cancelled")
-        self._batch = DecodeBatch(self._model, self._native)
+        self._batch = self._new_batch()
         if self._prefix is not None:
             self._prefix.clear()
         # mlx wants a thread's streams destroyed by that thread before it ends; otherwise
