@@ -198,6 +198,19 @@ class WorkerHandle:
     def overloaded(self) -> bool:
         return self.load >= self.info.capacity + self.info.queue_depth
 
+    def ended(self, req_id: str) -> None:
+        """Our request ``req_id`` sent its last message: the worker no longer holds it. The last
+        heartbeat's figures counted it, so they drop by one too until the next heartbeat replaces
+        them; else a worker that has just finished a burst would look full for up to a heartbeat
+        interval, and keys living on it would be sent elsewhere (away from their prefix cache)."""
+        if req_id not in self.inflight:
+            return
+        self.inflight.discard(req_id)
+        if self.queued:
+            self.queued -= 1
+        elif self.active:
+            self.active -= 1
+
 
 class Channel:
     """Messages of one request, in the order the worker sent them."""
@@ -527,7 +540,7 @@ class WorkerPool:
             if channel is not None:
                 channel.put(message)
                 if channel.finished:
-                    worker.inflight.discard(message.req_id)
+                    worker.ended(message.req_id)
             elif isinstance(message, Event):
                 await self._send(identity, Cancel(message.req_id))
 

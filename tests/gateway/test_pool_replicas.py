@@ -88,6 +88,22 @@ async def test_a_workers_load_counts_what_it_holds_for_other_gateways(pool, ctx)
     pool.close(channel, cancel=False)
 
 
+async def test_a_worker_that_finished_our_requests_has_room_before_its_next_heartbeat(pool, ctx):
+    """The heartbeat's figures lag; a request of ours that ended frees its place at once, so a
+    key's home that has just finished a burst is not passed over as full."""
+    sock = await connect(ctx, pool, "w-1")
+    worker = next(iter(pool.workers.values()))
+    channels = [await pool.open(worker, f"r-{i}", Generate(f"r-{i}", f"resp_{i}", GenerateRequest("m"))) for i in range(2)]
+    await sock.send(encode(Heartbeat("w-1", active=1, queued=1)))
+    await next_message(sock, Registered)
+    assert worker.overloaded()
+    await sock.send(encode(Done("r-0", "completed", {"input_tokens": 1, "output_tokens": 1})))
+    await asyncio.wait_for(channels[0].get(), 5)
+    assert worker.load == 1 and not worker.overloaded()
+    for channel in channels:
+        pool.close(channel, cancel=False)
+
+
 async def test_a_register_repeated_by_the_same_process_keeps_its_requests(pool, ctx):
     sock = await connect(ctx, pool, "w-1")
     worker = next(iter(pool.workers.values()))
