@@ -299,6 +299,11 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
                 raise invalid(f"'tool_choice' names function {name!r}, which is not among the declared tools.", param="tool_choice")
             return choice
         if kind == "allowed_tools":
+            if choice.get("mode") == "required":  # a call is forced: to a declared function of the subset
+                subset = choice.get("tools")
+                named = {t.get("name") for t in subset if isinstance(t, dict)} if isinstance(subset, list) else set()
+                if not named & function_names(tools):
+                    raise invalid("'tool_choice' is 'allowed_tools' in 'required' mode, but none of its tools is a declared function.", param="tool_choice")
             return choice
         if kind in HOSTED_TOOL_TYPES:
             raise invalid(f"'tool_choice' type {kind!r} is not supported.", param="tool_choice")

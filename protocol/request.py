@@ -198,9 +198,9 @@ class ToolChoice:
 
     @property
     def forces_call(self) -> bool:
-        """A call is demanded and enforced by a grammar: ``required`` or a named function. (An
-        ``allowed_tools`` subset in required mode is asked for in the prompt only.)"""
-        return self.mode == "named" or (self.mode == "required" and self.allowed is None)
+        """A call is demanded and enforced by a grammar: a named function, or ``required`` (one of
+        the ``allowed_tools`` subset where there is one; an empty subset has nothing to force)."""
+        return self.mode == "named" or (self.mode == "required" and self.allowed != ())
 
     @classmethod
     def from_api(cls, value: object) -> ToolChoice:

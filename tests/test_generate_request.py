@@ -132,7 +132,9 @@ def test_tool_choice_from_the_api_shapes():
     allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "g"}]}
     assert ToolChoice.from_api(allowed) == ToolChoice("required", allowed=("f", "g"))
     assert ToolChoice.from_api("required").forces_call and ToolChoice.from_api({"type": "function", "name": "f"}).forces_call
-    assert not ToolChoice.from_api({"type": "allowed_tools", "mode": "required", "tools": []}).forces_call  # asked in the prompt only
+    assert ToolChoice.from_api(allowed).forces_call  # one of the subset, by the grammar
+    assert not ToolChoice.from_api({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}).forces_call
+    assert not ToolChoice.from_api({"type": "allowed_tools", "mode": "required", "tools": []}).forces_call  # nothing to force
 
 
 def test_request_derived_views():

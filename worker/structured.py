@@ -158,7 +158,8 @@ def tool_call_grammar(
 
     Output shape: ``<tool_call>\\n{"name": "<name>", "arguments": <JSON>}\\n</tool_call>``, where
     each name is paired with its own tool's ``parameters`` schema. ``choice`` (the request's
-    ``ToolChoice``, or its Responses API shape) is "required" (any of the tools) or a named
+    ``ToolChoice``, or its Responses API shape) is "required" (any of the tools, or of an
+    ``allowed_tools`` subset) or a named
     function (that one). With ``parallel``
     the model may emit one or more calls separated by a newline. When the tokenizer has the tags
     as single special tokens, pass ``tags_are_special_tokens`` so the grammar names those tokens
@@ -169,8 +170,8 @@ def tool_call_grammar(
         mode = choice if isinstance(choice, ToolChoice) else ToolChoice.from_api(choice)
     except InvalidParam:
         raise GrammarError(f"tool_choice {choice!r} does not force a call") from None
-    if mode.mode == "required" and mode.allowed is None:
-        selected = functions
+    if mode.mode == "required":  # any of the tools, or of the allowed_tools subset
+        selected = functions if mode.allowed is None else [f for f in functions if f[0] in mode.allowed]
     elif mode.mode == "named":
         selected = [f for f in functions if f[0] == mode.name]
         if not selected:

@@ -104,7 +104,10 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+ONLY_TIME = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}, ONLY_TIME], ids=["required", "named", "allowed"])
 @pytest.mark.parametrize("tries", [pytest.param(8, id="ci"), pytest.param(20, id="full", marks=pytest.mark.slow)])
 def test_forced_tool_calls_always_validate(openai_client, choice, tries):
     def one(prompt):
@@ -114,7 +117,9 @@ def test_forced_tool_calls_always_validate(openai_client, choice, tries):
         assert calls, resp.output
         tool = {"get_weather": WEATHER, "get_time": TIME}[calls[0].name]
         jsonschema.validate(json.loads(calls[0].arguments), tool["parameters"])
-        if isinstance(choice, dict):
+        if choice == ONLY_TIME:  # weather questions, but only get_time is allowed
+            assert [c.name for c in calls] == ["get_time"]
+        elif isinstance(choice, dict):
             assert calls[0].name == "get_weather"
         return True
 

@@ -34,6 +34,7 @@ def _post(client, body, **kw):
         ({"model": MODEL, "input": [{"type": "mystery"}]}, "input[0].type"),
         ({"model": MODEL, "input": "hi", "tool_choice": "required"}, "tool_choice"),
         ({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "a"}], "tool_choice": {"type": "function", "name": "b"}}, "tool_choice"),
+        ({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "a"}], "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "b"}]}}, "tool_choice"),
         ({"model": MODEL, "input": "hi", "background": True, "stream": True}, "background"),
         ({"input": "hi"}, "model"),
     ],

@@ -333,6 +333,19 @@ def test_tool_call_grammar_named_and_parallel(compiler, tokenizer):
         tool_call_grammar([{"type": "web_search"}], "required", parallel=False)
 
 
+def test_tool_call_grammar_required_among_allowed_tools(compiler, tokenizer):
+    """``allowed_tools`` in required mode: a call is forced, and only to a tool of the subset."""
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
+    grammar = tool_call_grammar([WEATHER_TOOL, TIME_TOOL], choice, parallel=False)
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}\n</tool_call>'
+    assert _accepts(compiler, tokenizer, grammar, call)
+    weather = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    assert _accepts(compiler, tokenizer, tool_call_grammar([WEATHER_TOOL, TIME_TOOL], "required", parallel=False), weather)
+    assert not _accepts(compiler, tokenizer, grammar, weather)  # declared, but not allowed
+    with pytest.raises(GrammarError):
+        tool_call_grammar([WEATHER_TOOL], choice, parallel=False)  # the subset names no declared tool
+
+
 def test_tool_call_grammar_namespace_and_chat_style(compiler, tokenizer):
     tools = [
         {"type": "namespace", "name": "multi_agent", "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}]},
