@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.protocol.request import MAX_SEED, MAX_TOP_LOGPROBS
+from kiln.protocol.request import MAX_SEED, MAX_TOP_LOGPROBS, InvalidParam, ToolChoice
 
 from .errors import invalid
 from .schema_check import check_json_schema, check_text_format
@@ -299,11 +299,13 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
                 raise invalid(f"'tool_choice' names function {name!r}, which is not among the declared tools.", param="tool_choice")
             return choice
         if kind == "allowed_tools":
-            if choice.get("mode") == "required":  # a call is forced: to a declared function of the subset
-                subset = choice.get("tools")
-                named = {t.get("name") for t in subset if isinstance(t, dict)} if isinstance(subset, list) else set()
-                if not named & function_names(tools):
-                    raise invalid("'tool_choice' is 'allowed_tools' in 'required' mode, but none of its tools is a declared function.", param="tool_choice")
+            try:
+                parsed = ToolChoice.from_api(choice)  # the worker's reading of the subset
+            except InvalidParam as exc:
+                raise invalid(exc.message, param=exc.param) from None
+            # In required mode a call is forced: to a declared function of the subset.
+            if parsed.mode == "required" and not set(parsed.allowed or ()) & function_names(tools):
+                raise invalid("'tool_choice' is 'allowed_tools' in 'required' mode, but none of its tools is a declared function.", param="tool_choice")
             return choice
         if kind in HOSTED_TOOL_TYPES:
             raise invalid(f"'tool_choice' type {kind!r} is not supported.", param="tool_choice")
