@@ -20,20 +20,17 @@ the client: on a small machine a second replica adds processes, not cores.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from tests.cluster import Cluster
 
 from .client import median
-from .store_backends import drop_namespace, load
+from .store_backends import drop_namespace, load, load_options, load_plan
 
 MODEL = "kiln-scripted"
 WORKER_ARGS = ["--engine", "scripted", "--scripted-delay", "0", "--scripted-reply", "ok", "--max-batch", "64", "--queue-depth", "512"]
@@ -60,17 +57,8 @@ def cluster_for(tmp: Path, replicas: int, store: str, redis_url: str, namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.replicas", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=None, help="default 3; --quick: 1")
-    p.add_argument("--quick", action="store_true", help="fewer requests, 1 run")
-    p.add_argument("--concurrency", default="1,32")
-    p.add_argument("--redis-url", default=os.environ.get("KILN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--json", type=Path, default=None)
-    opts = p.parse_args(argv)
-    runs = opts.runs or (1 if opts.quick else 3)
-    levels = [int(c) for c in opts.concurrency.split(",")]
-    total = {c: (60 if c == 1 else 6 * c) if opts.quick else (200 if c == 1 else 20 * c) for c in levels}
-    namespace = f"kiln-bench-{uuid.uuid4().hex[:8]}"
+    opts = load_options("python -m bench.replicas", __doc__, "1,32").parse_args(argv)
+    runs, levels, total, namespace = load_plan(opts, quick=(60, 6), full=(200, 20))
     results: dict[str, dict[str, dict[int, list[dict]]]] = {t: {w: {c: [] for c in levels} for w in spec[2]} for t, spec in TOPOLOGIES.items()}
     clusters: dict[str, Cluster] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-replicas-") as tmp:

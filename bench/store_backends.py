@@ -105,19 +105,32 @@ def drop_namespace(url: str, namespace: str) -> None:
         client.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.store_backends", description=__doc__.split("\n\n")[0])
+def load_options(prog: str, doc: str, concurrency: str) -> argparse.ArgumentParser:
+    """The options of the closed-loop load benches (this one and bench/replicas.py)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=None, help="default 3; --quick: 1")
     p.add_argument("--quick", action="store_true", help="fewer requests, 1 run")
-    p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--concurrency", default=concurrency)
     p.add_argument("--redis-url", default=os.environ.get("KILN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--log-dir", type=Path, default=None)
-    opts = p.parse_args(argv)
+    return p
+
+
+def load_plan(opts: argparse.Namespace, quick: tuple[int, int], full: tuple[int, int]) -> tuple[int, list[int], dict[int, int], str]:
+    """Runs, client counts, requests per client count and a fresh Redis namespace. ``quick`` and
+    ``full`` are (requests at one client, requests per client above one)."""
     runs = opts.runs or (1 if opts.quick else 3)
     levels = [int(c) for c in opts.concurrency.split(",")]
-    total = {c: (100 if c == 1 else 10 * c) if opts.quick else (300 if c == 1 else 30 * c) for c in levels}
-    namespace = f"kiln-bench-{uuid.uuid4().hex[:8]}"
+    alone, per_client = quick if opts.quick else full
+    total = {c: alone if c == 1 else per_client * c for c in levels}
+    return runs, levels, total, f"kiln-bench-{uuid.uuid4().hex[:8]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = load_options("python -m bench.store_backends", __doc__, "1,16")
+    p.add_argument("--log-dir", type=Path, default=None)
+    opts = p.parse_args(argv)
+    runs, levels, total, namespace = load_plan(opts, quick=(100, 10), full=(300, 30))
     specs = {
         "memory": spec_for("kiln_scripted", scripted_delay=0.0, scripted_reply="ok", kiln_args=["--store", "memory"]),
         "redis": spec_for("kiln_scripted", scripted_delay=0.0, scripted_reply="ok", kiln_args=["--store", "redis", "--redis-url", opts.redis_url, "--redis-namespace", namespace]),
