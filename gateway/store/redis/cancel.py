@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, BLOCK_S, RedisContext
+from .connection import BACKEND_ERRORS, BLOCK_S, RedisContext, stop_tasks
 
 log = logging.getLogger("kiln.gateway.store")
 
@@ -42,9 +42,7 @@ class CancelChannel:
     async def close(self) -> None:
         tasks = [t for t in (self._task, *self._answers) if t is not None]
         self._task = None
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)
 
     async def request(self, replica: str, response_id: str, timeout_s: float) -> dict[str, Any] | None:
         """Ask ``replica`` to cancel ``response_id``: its answer (``{}`` when it does not run it),

@@ -25,7 +25,7 @@ from ..events import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FINISHED, TERMINAL_EVENTS, 
 from ..protocols import StoreUnavailable
 from . import scripts
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, BLOCK_S, SOCKET_TIMEOUT_S, RedisContext, guarded
+from .connection import BACKEND_ERRORS, BLOCK_S, SOCKET_TIMEOUT_S, RedisContext, guarded, stop_tasks
 
 log = logging.getLogger("kiln.gateway.store")
 
@@ -111,8 +111,7 @@ class RedisRecorder:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
 
 
 class RedisEventReader:

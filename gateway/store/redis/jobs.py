@@ -26,7 +26,7 @@ from ..responses import StoredResponse
 from . import scripts
 from .cancel import CancelChannel
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, RedisContext, guarded, text as _text
+from .connection import BACKEND_ERRORS, RedisContext, guarded, stop_tasks, text as _text
 from .events import RedisEventLog
 from .responses import RedisResponseStore
 
@@ -143,9 +143,7 @@ class RedisJobBoard:
 
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)
 
     async def _renew_loop(self) -> None:
         while True:

@@ -18,7 +18,7 @@ from ...errors import ApiError
 from ..protocols import StoreUnavailable
 from .cancel import CancelChannel
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, RedisContext, guarded
+from .connection import BACKEND_ERRORS, RedisContext, guarded, stop_tasks
 from .jobs import CANCEL_WAIT_S
 
 log = logging.getLogger("kiln.gateway.store")
@@ -80,8 +80,7 @@ class RedisLiveRegistry:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
 
     async def _renew_loop(self) -> None:
         while True:
