@@ -7,7 +7,11 @@ fault injection and protocol tests.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
+import sys
+import threading
 
 import httpx
 import pytest
@@ -20,6 +24,36 @@ from .support import Kiln
 hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _report_tasks_of_a_hang(request):
+    """Shortly before pytest-timeout ends a hung run (its ``timeout`` in pyproject.toml), the
+    asyncio tasks of every running event loop are printed: the threads' stacks alone show an
+    asyncio test only waiting in select()."""
+    try:
+        limit = float(request.config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout is not loaded (-p no:timeout)
+        limit = 0.0
+    if limit <= 0:
+        yield
+        return
+    reported = threading.Timer(limit * 0.97, _print_asyncio_tasks, args=(request.node.nodeid,))
+    reported.daemon = True
+    reported.start()
+    yield
+    reported.cancel()
+
+
+def _print_asyncio_tasks(nodeid: str) -> None:
+    out = sys.__stderr__
+    print(f"\n+++ {nodeid} is about to time out; the asyncio tasks:", file=out)
+    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+    for loop in loops:
+        for task in list(asyncio.all_tasks(loop)):
+            print(f"--- {task.get_name()}", file=out)
+            task.print_stack(file=out)
+    out.flush()
 
 
 @pytest.fixture(scope="session")
