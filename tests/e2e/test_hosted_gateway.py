@@ -258,7 +258,6 @@ def test_400_model_server_refusal_not_billed(hosted, client):
     assert gen_id(r) not in ledger(hosted.db_url)
 
 
-@pytest.mark.xfail(strict=False, reason="the lead's --store none mode (responses.py/history.py) owns this row")
 def test_400_previous_response_id_and_404_not_found(hosted, client):
     key = hosted.keys["acme"]
     r = client.post("/v1/responses", json=short(previous_response_id="resp_123"), headers=auth(key))
