@@ -8,8 +8,9 @@ bundled model on this machine:
   step on the packed weights (what the worker runs by default);
 - the model's 210 layer matmuls at 1 row, as float32 (both layouts), bfloat16, float16 and
   8-/4-bit quantized through mlx, and through the native kernel; the tied output head;
-- a prefill chunk of 512 tokens, and per-element cost of `exp` against a multiply (softmax and
-  SiLU are exp-bound on the CPU).
+- a prefill chunk of 512 tokens and the per-element cost of `exp`, with mlx's exp and with the
+  polynomial one the engine installs on the CPU (worker/engine/cpu_exp.py: softmax and SiLU
+  are exp-bound there).
 
 Medians of a few repetitions; run it on a quiet machine.
 """
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
+from kiln.worker.engine import cpu_exp  # noqa: E402
 from kiln.worker.engine.layout import input_major_while  # noqa: E402
 from kiln.worker.engine.native_decode import NativeDecoder  # noqa: E402
 from kiln.worker.loading.packed import PackedLinear  # noqa: E402
@@ -118,11 +120,19 @@ def main() -> None:
         print("\nnative, packed 4-bit weights (ms)   1 row  8 rows")
         print(f"  decode step                      {native_step_ms(packed, decoder, 1, opts.reps):6.1f} {native_step_ms(packed, decoder, 8, opts.reps):7.1f}")
         print(f"  210 layer matmuls                {native_matmuls_ms(packed, 1, opts.reps):6.1f} {native_matmuls_ms(packed, 8, opts.reps):7.1f}")
-    print(f"\nprefill, 512 tokens, KV only (ms)  {timed(lambda: prefill(model, 512), max(2, opts.reps // 2)):7.0f}")
     s = mx.random.normal((9, 512, 512))
     mx.eval(s)
+    reps = max(2, opts.reps // 2)
+    stock_ms = timed(lambda: prefill(model, 512), reps)
     exp_ms, mul_ms = timed(lambda: mx.exp(s), opts.reps), timed(lambda: s * s, opts.reps)
-    print(f"exp / multiply (ns per element)    {1e6 * exp_ms / s.size:7.2f} / {1e6 * mul_ms / s.size:.2f}")
+    if not cpu_exp.install(model):  # what the engine does on the CPU (cpu_exp.py)
+        print("\ncpu_exp did not install here")
+        return
+    ours_ms = timed(lambda: prefill(model, 512), reps)
+    poly_ms = timed(lambda: cpu_exp.exp(s), opts.reps)
+    print("\n                                     mlx's exp  cpu_exp")
+    print(f"prefill, 512 tokens, KV only (ms)  {stock_ms:9.0f} {ours_ms:8.0f}")
+    print(f"exp (ns per element)               {1e6 * exp_ms / s.size:9.2f} {1e6 * poly_ms / s.size:8.2f}   (a multiply: {1e6 * mul_ms / s.size:.2f})")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ row produces the first output token.
 On the CPU, a group whose remainders are all the same length (one request alone, always) goes
 through the native forward pass (native_decode.py) instead of mlx: with 8-bit activations and
 integer dot products it did a 78-token prompt in ~0.6x the CPU time of mlx with OpenBLAS.
+Long prompts' chunks go through mlx, whose attention softmax and SiLU use cpu_exp.py's exp there.
 """
 
 from __future__ import annotations

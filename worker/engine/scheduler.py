@@ -34,6 +34,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from ..native import claim_team
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
+from . import cpu_exp
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeDecoder
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
@@ -74,6 +75,7 @@ class Scheduler:
                 choose_weight_layout(model)
         elif input_major_weights:
             use_input_major_weights(model)
+        self.fast_exp = cpu_exp.install(model)  # mlx's CPU exp is slow (cpu_exp.py says how slow)
         self._model = model
         self.max_batch = max(1, max_batch)
         self.queue_depth = queue_depth
