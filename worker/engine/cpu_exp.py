@@ -7,8 +7,8 @@ and its causal attention ~27 ms (``mx.fast.scaled_dot_product_attention``, which
 falls back to a softmax over the full score matrix).
 
 What: ``exp`` here is 2^(x log2 e) split into an integer power (built in the float's exponent
-bits) and a degree-6 polynomial for the fraction, all in mlx ops that vectorize, compiled into
-one kernel: relative error ~1e-7 (float32's own rounding) for ~1.8 ms on the same array.
+bits) and a degree-6 polynomial for the fraction, all in mlx ops that vectorize, compiled (the
+bit cast apart): relative error ~1e-7 (float32's own rounding) for ~1.9 ms on the same array.
 ``attention`` is the reference softmax(QK^T) V with that exp, computing scores in the inputs'
 dtype and the softmax in float32 as mlx's own fallback does; ``swiglu`` is silu(gate) * x.
 
@@ -16,13 +16,14 @@ How it is used: ``install`` puts both into the module of a mlx-lm model (the nam
 attention and MLP call: ``scaled_dot_product_attention`` and ``swiglu``), on the CPU only, and
 only after a check on the model's own shapes shows they agree with mlx's to float32 accuracy;
 otherwise the model keeps mlx's. What the fast path does not cover (a quantized KV cache,
-attention sinks, a single query row, where there is no softmax worth the trouble) goes to the
-function it replaced.
+attention sinks, fewer than MIN_ROWS query rows, as in a decode step, where the softmax is too
+small to matter) goes to the function it replaced.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from functools import partial
 from typing import Any, Callable
@@ -33,6 +34,8 @@ from mlx.utils import tree_flatten
 
 log = logging.getLogger("kiln.worker.engine")
 
+# "0" keeps mlx's own exp everywhere (docs/configuration.md).
+ENABLE_ENV = "KILN_CPU_EXP"
 # Below this many query rows (a decode step) the softmax is small: mlx's own path is kept.
 MIN_ROWS = 8
 # Scores per block of query rows (see ``attention``): ~4 MB of float32.
@@ -151,8 +154,9 @@ def sdpa_with(fallback: Callable[..., mx.array]) -> Callable[..., mx.array]:
 
 def install(model: nn.Module) -> bool:
     """Use the fast softmax and SiLU in ``model``'s mlx-lm module if they agree with mlx's on
-    the model's shapes; whether they are in use. CPU only: on a GPU mlx's kernels are fast."""
-    if mx.default_device() != mx.cpu:
+    the model's shapes; whether they are in use. CPU only: on a GPU mlx's kernels are fast.
+    ``KILN_CPU_EXP=0`` turns it off."""
+    if mx.default_device() != mx.cpu or os.environ.get(ENABLE_ENV, "1") == "0":
         return False
     module = sys.modules.get(type(model).__module__)
     if module is None:
