@@ -86,12 +86,16 @@ def test_single_query_rows_go_to_mlx():
 
 @pytest.fixture
 def installed(gguf_model, monkeypatch):
-    """The bundled model with cpu_exp installed in its mlx-lm module, restored afterwards."""
+    """The bundled model's mlx-lm module with mlx's own functions (whatever an earlier scheduler in
+    this process installed), and what it had put back afterwards."""
+    from mlx_lm.models import activations
+
     model = gguf_model.model
     module = sys.modules[type(model).__module__]
-    for name in ("scaled_dot_product_attention", "swiglu"):
-        monkeypatch.setattr(module, name, getattr(module, name))
-    stock = {name: getattr(module, name) for name in ("scaled_dot_product_attention", "swiglu")}
+    sdpa, glu = module.scaled_dot_product_attention, module.swiglu
+    stock = {"scaled_dot_product_attention": getattr(sdpa, "kiln_fallback", sdpa), "swiglu": activations.swiglu if glu is cpu_exp.swiglu else glu}
+    for name, fn in stock.items():
+        monkeypatch.setattr(module, name, fn)
     return model, module, stock
 
 
