@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from kiln.protocol.discovery import ADVERTISE, ADVERTISE_LEASE_S, gateways_key
 
+from .tasks import stop_tasks
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -55,8 +57,7 @@ class Advertiser:
             return
         self._stopped = True
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await stop_tasks([self._task])
             self._task = None
         from redis.exceptions import RedisError
 

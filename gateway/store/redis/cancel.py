@@ -18,8 +18,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ...tasks import stop_tasks
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, BLOCK_S, RedisContext, stop_tasks
+from .connection import BACKEND_ERRORS, BLOCK_S, RedisContext
 
 log = logging.getLogger("kiln.gateway.store")
 

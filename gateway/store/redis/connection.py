@@ -11,11 +11,9 @@ block (``BLOCK_S``).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from redis.asyncio import Redis
@@ -47,30 +45,6 @@ def connect(url: str, *, blocking: bool = False) -> Redis:
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         health_check_interval=30,
     )
-
-
-# How long a closing store waits for its background tasks to end (stop_tasks).
-STOP_WAIT_S = 2 * (SOCKET_TIMEOUT_S + BLOCK_S)
-
-
-async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], wait_s: float = STOP_WAIT_S) -> None:
-    """Cancel ``tasks`` and wait (bounded) until they have ended, cancelling again each round.
-
-    Why again: redis-py can swallow a cancellation. A pub/sub listener cancelled as its
-    ``get_message(timeout=...)`` read expired stayed ``cancelling`` and went on reading, so a
-    single cancel and an unbounded gather hung the replica's shutdown for good (tests/gateway/
-    test_store_redis.py caught it about one run in five under load). A task still running after
-    ``wait_s`` is left behind, logged, rather than holding shutdown up."""
-    pending = {t for t in tasks if not t.done()}
-    deadline = time.monotonic() + wait_s
-    while pending:
-        for task in pending:
-            task.cancel()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            log.error("redis store tasks did not stop", extra={"tasks": sorted(t.get_name() for t in pending)})
-            return
-        _, pending = await asyncio.wait(pending, timeout=min(0.25, left))
 
 
 def text(raw: bytes | str) -> str:

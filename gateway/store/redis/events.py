@@ -24,8 +24,9 @@ from typing import Any
 from ..events import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FINISHED, TERMINAL_EVENTS, TooOld
 from ..protocols import StoreUnavailable
 from . import scripts
+from ...tasks import stop_tasks
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, BLOCK_S, SOCKET_TIMEOUT_S, RedisContext, guarded, stop_tasks
+from .connection import BACKEND_ERRORS, BLOCK_S, SOCKET_TIMEOUT_S, RedisContext, guarded
 
 log = logging.getLogger("kiln.gateway.store")
 

@@ -25,8 +25,9 @@ from ..protocols import JobState
 from ..responses import StoredResponse
 from . import scripts
 from .cancel import CancelChannel
+from ...tasks import stop_tasks
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, RedisContext, guarded, stop_tasks, text as _text
+from .connection import BACKEND_ERRORS, RedisContext, guarded, text as _text
 from .events import RedisEventLog
 from .responses import RedisResponseStore
 

@@ -17,8 +17,9 @@ from typing import Any
 from ...errors import ApiError
 from ..protocols import StoreUnavailable
 from .cancel import CancelChannel
+from ...tasks import stop_tasks
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, RedisContext, guarded, stop_tasks
+from .connection import BACKEND_ERRORS, RedisContext, guarded
 from .jobs import CANCEL_WAIT_S
 
 log = logging.getLogger("kiln.gateway.store")
