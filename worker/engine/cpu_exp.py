@@ -92,9 +92,11 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     and values (grouped queries share their kv head). ``mask``: None, "causal" (the last L of
     the S positions are the queries'), a boolean array (True: attend) or an additive one.
 
-    Rows go in blocks of about BLOCK_SCORES scores: a whole prompt's score matrix (9 heads x
-    512 x 1024 floats, 19 MB) ran ~15x slower per element than blocks that stay in cache, and a
-    causal block needs only the keys up to its last row."""
+    Rows go in blocks of about BLOCK_SCORES scores: over a whole prompt's score matrix (9 heads x
+    512 x 1024 floats, 19 MB) the exp alone took ~10 ns per element against ~2.5 ns on blocks of
+    about 1M, and a causal block needs only the keys up to its last row. (Blocks of 16-32 rows
+    were faster for attention alone but not for a whole prefill: 3.0-3.1 s against 2.95 s for a
+    1040-token prompt.)"""
     if isinstance(mask, str) and mask != "causal":
         raise ValueError(f"unknown mask {mask!r}")
     b, heads, rows, _ = queries.shape
