@@ -202,7 +202,7 @@ class _Exchange:
     CORS headers. ``failure`` is the error ``receive`` raised, answered by whoever reads the body
     (a route's ApiError handler, the accounts middleware) or else by the edge itself."""
 
-    def __init__(self, receive: Receive, send: Send, timeout_s: float, budget: _Budget, cors_origin: str | None) -> None:
+    def __init__(self, receive: Receive, send: Send, timeout_s: float, budget: _Budget, cors_origin: str | None, has_body: bool = False) -> None:
         self._receive = receive
         self._send = send
         self._timeout_s = timeout_s
@@ -210,7 +210,7 @@ class _Exchange:
         self._budget = budget
         self._held = 0
         self._cors_origin = cors_origin
-        self.body_done = False
+        self.body_done = not has_body
         self.failure: ApiError | None = None
         self.started = False
         self._drainer: asyncio.Task | None = None
@@ -273,7 +273,12 @@ class _Exchange:
             headers = list(message.get("headers", []))
             if self._cors_origin is not None:
                 headers += _cors_response_headers(self._cors_origin)
-            if self.failure is not None and not any(k.lower() == b"connection" for k, _ in headers):
+            # An answer that starts before the body has arrived (a 401 from the accounts
+            # middleware, the edge's own refusals) ends the connection: Hypercorn closes it
+            # anyway when the request's body is not in by the time the app returns, and a client
+            # told nothing may already be sending its next request on it ("Server disconnected
+            # without sending a response"; a CI run of test_401_before_anything saw it).
+            if (self.failure is not None or not self.body_done) and not any(k.lower() == b"connection" for k, _ in headers):
                 headers.append((b"connection", b"close"))
             message = {**message, "headers": headers}
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -320,7 +325,7 @@ class EdgeMiddleware:
         method = scope.get("method", "GET").upper()
         origin = headers.get("origin")
         cors_origin = origin if policy.cors_allowed(origin) else None
-        exchange = _Exchange(receive, send, policy.body_timeout_s, self.body_budget, cors_origin)
+        exchange = _Exchange(receive, send, policy.body_timeout_s, self.body_budget, cors_origin, _has_body(headers))
 
         refusal = self._refusal(scope, headers, path, method, origin)
         if refusal is not None:

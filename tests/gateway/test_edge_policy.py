@@ -284,3 +284,59 @@ def test_bodies_past_the_buffer_budget_get_503_and_the_budget_comes_back():
     assert second[0] == 503 and second[1]["retry-after"]
     assert json.loads(second[2])["error"]["code"] == "server_is_overloaded"
     assert edge.body_budget.used == 0
+
+
+def test_an_answer_before_the_body_is_read_closes_the_connection():
+    """A refusal sent before the body arrived (as the accounts middleware's 401 is) says
+    ``Connection: close``: Hypercorn closes such a connection anyway, and a client told nothing
+    could send its next request into it. Answers after the body, and bodiless requests, keep it."""
+
+    async def refuse_unread(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    async def read_then_answer(scope, receive, send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    posted = {"host": "localhost", "content-type": "application/json", "content-length": "2"}
+    _, refused, _ = asyncio.run(_call(EdgeMiddleware(refuse_unread, Settings()), "POST", "/v1/responses", posted, [b"{}"]))
+    assert refused.get("connection") == "close"
+    _, bodiless, _ = asyncio.run(_call(EdgeMiddleware(refuse_unread, Settings()), "GET", "/v1/models", {"host": "localhost"}, []))
+    assert "connection" not in bodiless
+
+    async def one_chunk_then_end(app, headers):
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "", "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080)}
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(app(scope, receive, send), WAIT)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        return {k.decode().lower(): v.decode() for k, v in start["headers"]}
+
+    assert "connection" not in asyncio.run(one_chunk_then_end(EdgeMiddleware(read_then_answer, Settings()), posted))
+
+
+def test_a_401_on_a_posted_body_closes_the_connection_in_hosted_mode(tmp_path):
+    from tests.gateway.inprocess import hosted_app
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        app, _pool, key = await hosted_app(tmp_path)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8080") as c:
+                refused = await c.post("/v1/responses", json={"model": "m", "input": "x"}, headers={"Authorization": "Bearer sk-kiln-nonsense"})
+                listed = await c.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+                return refused, listed
+        finally:
+            await app.state.accounts.close()
+
+    refused, listed = asyncio.run(go())
+    assert refused.status_code == 401 and refused.headers.get("connection") == "close"
+    assert listed.status_code == 200 and "connection" not in listed.headers
