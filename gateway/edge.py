@@ -202,7 +202,7 @@ class _Exchange:
     CORS headers. ``failure`` is the error ``receive`` raised, answered by whoever reads the body
     (a route's ApiError handler, the accounts middleware) or else by the edge itself."""
 
-    def __init__(self, receive: Receive, send: Send, timeout_s: float, budget: _Budget, cors_origin: str | None, has_body: bool = False) -> None:
+    def __init__(self, receive: Receive, send: Send, timeout_s: float, budget: _Budget, cors_origin: str | None, has_body: bool) -> None:
         self._receive = receive
         self._send = send
         self._timeout_s = timeout_s

@@ -32,6 +32,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from .layout import on_cpu
+
 log = logging.getLogger("kiln.worker.engine")
 
 # "0" keeps mlx's own exp everywhere (docs/configuration.md).
@@ -158,7 +160,7 @@ def install(model: nn.Module) -> bool:
     """Use the fast softmax and SiLU in ``model``'s mlx-lm module if they agree with mlx's on
     the model's shapes; whether they are in use. CPU only: on a GPU mlx's kernels are fast.
     ``KILN_CPU_EXP=0`` turns it off."""
-    if mx.default_device() != mx.cpu or os.environ.get(ENABLE_ENV, "1") == "0":
+    if not on_cpu() or os.environ.get(ENABLE_ENV, "1") == "0":
         return False
     module = sys.modules.get(type(model).__module__)
     if module is None:
@@ -198,8 +200,10 @@ def _attention_agrees(model: nn.Module) -> bool:
         return False
     dim = getattr(args, "head_dim", None) or hidden // heads
     dtype = _dtype(model)
-    key = mx.random.key(7)
-    q, k, v = (mx.random.normal(shape, key=mx.random.split(key, 3)[i]).astype(dtype) for i, shape in enumerate([(2, heads, 24, dim), (2, kv_heads, 40, dim), (2, kv_heads, 40, dim)]))
+    kq, kk, kv = mx.random.split(mx.random.key(7), 3)
+    q = mx.random.normal((2, heads, 24, dim), key=kq).astype(dtype)
+    k = mx.random.normal((2, kv_heads, 40, dim), key=kk).astype(dtype)
+    v = mx.random.normal((2, kv_heads, 40, dim), key=kv).astype(dtype)
     scale = dim**-0.5
     padded = mx.arange(40)[None, None, None, :] >= mx.array([0, 5])[:, None, None, None]
     for mask in (None, "causal", padded):

@@ -75,7 +75,7 @@ class Scheduler:
                 choose_weight_layout(model)
         elif input_major_weights:
             use_input_major_weights(model)
-        self.fast_exp = cpu_exp.install(model)  # mlx's CPU exp is slow (cpu_exp.py says how slow)
+        cpu_exp.install(model)  # on the CPU only: mlx's exp is slow there (cpu_exp.py says how slow)
         self._model = model
         self.max_batch = max(1, max_batch)
         self.queue_depth = queue_depth
