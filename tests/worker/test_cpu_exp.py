@@ -130,3 +130,12 @@ def test_bundled_model_prefills_the_same_with_it(installed, gguf_model):
     logits, tokens = _greedy(model, words, 8)
     assert mx.max(mx.abs(logits - ref_logits)).item() < 1e-3 * mx.max(mx.abs(ref_logits)).item()
     assert tokens == ref_tokens
+
+
+def test_kiln_cpu_exp_0_keeps_mlx_exp(installed, monkeypatch):
+    """``KILN_CPU_EXP=0`` (docs/configuration.md): the model keeps mlx's own functions."""
+    model, module, stock = installed
+    monkeypatch.setenv("KILN_CPU_EXP", "0")
+    assert not cpu_exp.install(model)
+    assert module.scaled_dot_product_attention is stock["scaled_dot_product_attention"]
+    assert module.swiglu is stock["swiglu"]
