@@ -79,7 +79,7 @@ class CancelChannel:
                 backoff = min(2.0, backoff * 2)
             finally:
                 try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2 on
                 except BACKEND_ERRORS:
                     pass
 
