@@ -80,11 +80,6 @@ def load_assets(folder: Path = STATIC) -> dict[str, Asset]:
     return assets
 
 
-def page_weight(assets: dict[str, Asset], page: str) -> int:
-    """Bytes a first visit to ``page`` downloads: the page and every asset but the other page."""
-    return sum(len(a.body) for name, a in assets.items() if name == page or not name.endswith(".html"))
-
-
 def web_routes(settings: object) -> list[Route]:
     """The page routes the settings ask for (none: nothing is mounted, not even the assets)."""
     pages = []
@@ -105,7 +100,7 @@ def web_routes(settings: object) -> list[Route]:
     async def asset(request: Request) -> Response:
         found = assets.get(request.path_params["name"])
         if found is None or found.content_type.startswith("text/html"):
-            raise ApiError(404, "Not Found", code="not_found")
+            return ApiError(404, "Not Found", code="not_found").response()
         return found.response(request)
 
     routes = [Route(path, page(name), methods=["GET", "HEAD"]) for path, name in pages]
