@@ -69,7 +69,10 @@ def wait_for(driver, condition: Callable, timeout: float = 120, message: str = "
     """Wait, bounded, for ``condition(driver)`` to be truthy; its value."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    # A table the page re-renders replaces the element found a moment ago: look again.
+    return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)).until(condition, message)
 
 
 def by_testid(driver, testid: str):
@@ -82,3 +85,16 @@ def all_by_testid(driver, testid: str):
     from selenium.webdriver.common.by import By
 
     return driver.find_elements(By.CSS_SELECTOR, f"[data-testid='{testid}']")
+
+
+def too_wide(driver) -> list[str]:
+    """What sticks out past the window's right edge, outside any scrolling box (empty: it fits)."""
+    return driver.execute_script(
+        "const w = document.documentElement.clientWidth; const out = [];"
+        "const clipped = (e) => { for (let p = e.parentElement; p && p !== document.body; p = p.parentElement)"
+        " { if (['auto', 'scroll', 'hidden'].includes(getComputedStyle(p).overflowX)) return true; } return false; };"
+        "if (document.documentElement.scrollWidth > w) out.push(`page scrollWidth=${document.documentElement.scrollWidth} > ${w}`);"
+        "for (const e of document.querySelectorAll('body *')) { const r = e.getBoundingClientRect();"
+        " if (r.width && r.right > w + 1 && !clipped(e)) out.push(`${e.tagName.toLowerCase()}#${e.id}.${e.className} right=${Math.round(r.right)}`); }"
+        "return out.slice(0, 12);"
+    )

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import PHONE, all_by_testid, by_testid, chrome, console_errors, screenshot, wait_for
+from .browser import too_wide, PHONE, all_by_testid, by_testid, chrome, console_errors, screenshot, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +33,8 @@ output = "0.60"
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console")
     (tmp / "catalog.toml").write_text(CATALOG)
-    args = ["--auth", "keys", "--database-url", f"sqlite:///{tmp}/kiln.db", "--catalog", str(tmp / "catalog.toml"), "--store", "none"]
+    # The playground too (off by default in hosted mode): it asks for an API key.
+    args = ["--auth", "keys", "--database-url", f"sqlite:///{tmp}/kiln.db", "--catalog", str(tmp / "catalog.toml"), "--store", "none", "--playground", "on"]
     kiln = Kiln(tmp, gateway_args=args, worker_args=["--max-batch", "4"], env={"KILN_ADMIN_TOKEN": TOKEN}).start()
     yield kiln
     kiln.stop()
@@ -140,8 +141,7 @@ def test_a_wrong_token_is_refused_and_phone_width_fits(server, browser):
         by_testid(browser, "admin-token").send_keys(TOKEN)
         by_testid(browser, "sign-in").click()
         wait_for(browser, lambda d: by_testid(d, "orgs").is_displayed(), 30)
-        width = browser.execute_script("return document.documentElement.scrollWidth")
-        assert width <= PHONE[0], f"the page is {width}px wide on a {PHONE[0]}px screen"
+        assert too_wide(browser) == []
         screenshot(browser, "console-phone")
     finally:
         browser.set_window_size(1280, 1000)
@@ -153,7 +153,6 @@ def test_the_admin_api_is_guarded(server):
         page = http.get("/admin")
         assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
         assert "form-action 'none'" in page.headers["content-security-policy"]
-        assert http.get("/").status_code == 404  # no playground in hosted mode unless asked for
         assert http.get("/admin/orgs").status_code == 401
         assert http.get("/admin/orgs", headers={"Authorization": "Bearer sk-kiln-nope"}).status_code == 401
         body = {"name": "csrf-" + secrets.token_hex(3), "credits_usd": "1"}
@@ -169,3 +168,24 @@ def test_the_admin_api_is_guarded(server):
         assert whole.status_code == 400  # never a whole key in a URL
         too_many = http.get("/admin/usage?bucket=1&start_time=0&end_time=100000", headers=bearer)
         assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "bucket"
+
+
+def test_the_hosted_playground_asks_for_a_key(server, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    org = "play-" + secrets.token_hex(3)
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        assert http.post("/admin/orgs", json={"name": org, "credits_usd": "1"}, headers=bearer).status_code == 201
+        key = http.post(f"/admin/orgs/{org}/keys", json={"models": None}, headers=bearer).json()["key"]
+    browser.get(server.base_url + "/")
+    field = wait_for(browser, lambda d: by_testid(d, "api-key").is_displayed() and by_testid(d, "api-key"), 30, "no API key field")
+    field.send_keys(key, Keys.TAB)
+    wait_for(browser, lambda d: by_testid(d, "model").get_attribute("value") == MODEL, 30, "the models were not listed with the key")
+    pick_continuation = browser.find_element("css selector", "[data-testid='continuation'] option[value='resend']")
+    pick_continuation.click()  # --store none: the page sends the history itself
+    by_testid(browser, "prompt").send_keys("Say hi.")
+    by_testid(browser, "send").click()
+    wait_for(browser, lambda d: by_testid(d, "response-id").text.startswith("resp_") and by_testid(d, "send").is_enabled() and by_testid(d, "status").text.startswith("Done"), 300, "no answer")
+    assert by_testid(browser, "answer").text.strip()
+    assert key not in browser.execute_script("return JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage), document.cookie])")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import all_by_testid, by_testid, chrome, console_errors, screenshot, wait_for, PHONE
+from .browser import too_wide, all_by_testid, by_testid, chrome, console_errors, screenshot, wait_for, PHONE
 
 pytestmark = pytest.mark.e2e
 USAGE = re.compile(r"\d+ in( \(\d+ cached\))? / \d+ out")
@@ -176,8 +176,7 @@ def test_keyboard_and_phone_width(server, browser):
         prompt.send_keys("Say hi.")
         prompt.send_keys(Keys.CONTROL, Keys.ENTER)  # no mouse: Ctrl+Enter sends
         finished(browser, 1)
-        width = browser.execute_script("return document.documentElement.scrollWidth")
-        assert width <= PHONE[0], f"the page is {width}px wide on a {PHONE[0]}px screen"
+        assert too_wide(browser) == []
         screenshot(browser, "playground-phone")
     finally:
         browser.set_window_size(1280, 1000)
