@@ -16,7 +16,8 @@ function niceMax(v) {
  */
 export function stackedBars({ buckets, bucket, series, unit, digits = 0, label }) {
   const totals = buckets.map((b) => series.reduce((s, x) => s + (x.values.get(b) || 0), 0));
-  const max = niceMax(Math.max(0, ...totals));
+  // Counts get whole-number ticks (4 gridlines over at least 4); amounts may have fractions.
+  const max = Math.max(niceMax(Math.max(0, ...totals)), digits ? 0 : 4);
   const plotW = W - LEFT - RIGHT, plotH = H - TOP - BOTTOM;
   const step = plotW / Math.max(1, buckets.length);
   const y = (v) => TOP + plotH - (v / max) * plotH;
@@ -25,7 +26,7 @@ export function stackedBars({ buckets, bucket, series, unit, digits = 0, label }
   for (let i = 0; i <= 4; i++) {
     const v = (max * i) / 4;
     svg.append(el("line", { class: "axis", x1: LEFT, x2: W - RIGHT, y1: y(v), y2: y(v) }));
-    svg.append(el("text", { x: LEFT - 6, y: y(v) + 4, "text-anchor": "end" }, fmt(v, v < 10 && max < 10 ? digits || 1 : 0)));
+    svg.append(el("text", { x: LEFT - 6, y: y(v) + 4, "text-anchor": "end" }, fmt(v, digits ? Math.min(digits, 4) : Number.isInteger(v) ? 0 : 1)));
   }
   const every = Math.max(1, Math.ceil(buckets.length / 8));
   buckets.forEach((b, i) => {

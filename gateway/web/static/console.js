@@ -111,7 +111,7 @@ async function refreshKeys() {
     const keys = (await api(`/admin/orgs/${encodeURIComponent(selectedOrg)}/keys`)).data;
     $("keys").replaceChildren(...keys.map((k) => el("tr", { "data-prefix": k.prefix },
       el("td", {}, el("code", {}, k.prefix)), el("td", { "data-testid": "key-status", class: k.revoked ? "error" : "ok" }, k.revoked ? "revoked" : "active"),
-      el("td", {}, k.models ? k.models.join(", ") : "all models"), el("td", {}, new Date(k.created_at * 1000).toLocaleString()),
+      el("td", {}, k.models ? k.models.join(", ") : "all models"), el("td", {}, new Date(k.created_at * 1000).toLocaleDateString()),
       el("td", {}, k.revoked ? "" : revokeButton(k.prefix)))));
     if (!keys.length) $("keys").append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "No keys yet.")));
   });
@@ -267,6 +267,7 @@ function drawUsage(data, start, end, bucket) {
   const svg = stackedBars({ buckets, bucket, series, unit, digits, label: `${$("usage-metric").selectedOptions[0].text} ${$("usage-window").selectedOptions[0].text.toLowerCase()}` });
   svg.setAttribute("data-requests", series.reduce((a, s) => a + s.requests, 0));
   $("usage-chart").replaceChildren(svg);
+  $("usage-chart").scrollLeft = $("usage-chart").scrollWidth; // on a narrow screen, show the latest buckets
   $("usage-legend").replaceChildren(...(series.length ? series.map((s, k) => el("span", { class: `s${k % 8}`, "data-series": s.name, "data-requests": s.requests }, `${s.name}: ${fmt(s.total, digits)}`)) : [el("span", { class: "muted" }, "No usage in this window.")]));
   $("usage-table").replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...["Bucket start", "Organization", "Model", "Requests", "Failed", "Input tokens", "Output tokens", "Cost (USD)"].map((h) => el("th", {}, h)))),
     el("tbody", {}, ...data.data.map((p) => el("tr", {}, el("td", {}, new Date(p.start * 1000).toLocaleString()), el("td", {}, p.org), el("td", {}, p.model), el("td", { class: "num" }, p.requests), el("td", { class: "num" }, p.errors), el("td", { class: "num" }, p.input_tokens), el("td", { class: "num" }, p.output_tokens), el("td", { class: "num" }, p.cost_usd))))));
