@@ -48,7 +48,7 @@ def browser():
 
 
 @pytest.fixture
-def console(server, browser):
+def console(browser, server):
     """The console, signed in."""
     browser.get(server.base_url + "/admin")
     by_testid(browser, "admin-token").send_keys(TOKEN)
@@ -130,7 +130,7 @@ def test_the_admin_token_is_never_stored_or_put_in_a_url(console):
     assert not by_testid(console, "orgs").is_displayed()
 
 
-def test_a_wrong_token_is_refused_and_phone_width_fits(server, browser):
+def test_a_wrong_token_is_refused_and_phone_width_fits(browser, server):
     browser.set_window_size(*PHONE)
     try:
         browser.get(server.base_url + "/admin")
@@ -170,7 +170,7 @@ def test_the_admin_api_is_guarded(server):
         assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "bucket"
 
 
-def test_the_hosted_playground_asks_for_a_key(server, browser):
+def test_the_hosted_playground_asks_for_a_key(browser, server):
     from selenium.webdriver.common.keys import Keys
 
     bearer = {"Authorization": f"Bearer {TOKEN}"}

@@ -36,7 +36,7 @@ def browser():
 
 
 @pytest.fixture
-def page(server, browser):
+def page(browser, server):
     """The playground, freshly loaded, with the bundled model picked."""
     browser.get(server.base_url + "/")
     wait_for(browser, lambda d: by_testid(d, "model").get_attribute("value"), 30, "no model listed")
@@ -164,7 +164,7 @@ def test_the_same_model_through_another_door(page, api, prefix):
     assert console_errors(page) == []
 
 
-def test_keyboard_and_phone_width(server, browser):
+def test_keyboard_and_phone_width(browser, server):
     from selenium.webdriver.common.keys import Keys
 
     browser.set_window_size(*PHONE)

@@ -29,7 +29,7 @@ def browser():
 
 
 @pytest.mark.parametrize("api", ["responses", "chat", "messages"])
-def test_reasoning_shows_apart_from_the_answer(server, browser, api):
+def test_reasoning_shows_apart_from_the_answer(browser, server, api):
     browser.get(server.base_url + "/")
     wait_for(browser, lambda d: by_testid(d, "model").get_attribute("value"), 30, "no model listed")
     pick(browser, "api", api)
