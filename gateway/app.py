@@ -28,6 +28,8 @@ from .routes.conversations import ROUTES as CONVERSATION_ROUTES
 from .routes.health import health
 from .routes.models import get_model, list_models
 from .routes.usage import hosted_routes
+from .routes.admin import ROUTES as ADMIN_ROUTES
+from .web.pages import web_routes
 from .routes.websocket import responses_socket
 from .routes.responses import (
     cancel_response,
@@ -144,7 +146,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
 
     metrics = Metrics(pool)
     app = Starlette(
-        routes=(hosted_routes(accounts) if accounts is not None else []) + _routes(),
+        routes=(hosted_routes(accounts) + ADMIN_ROUTES if accounts is not None else []) + _routes() + web_routes(settings),
         middleware=[Middleware(EdgeMiddleware, settings=settings), Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},

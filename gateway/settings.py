@@ -71,6 +71,10 @@ class Settings:
     admin_token: str | None = setting(None, secret=True, help="Bearer token for /admin/maintenance (off without it).")
     admin_token_file: str | None = setting(None, file=True, must_exist=True, help="File holding the admin token (kept out of `ps`, unlike --admin-token).")
     allow_public_no_auth: bool = setting(False, help="Allow --auth none on a non-loopback address.")
+    # The web pages (gateway/web/; docs/web.md): the playground talks to this gateway's public API
+    # from a browser; the console drives the admin API with the admin token typed into it.
+    playground: Literal["auto", "on", "off"] = setting("auto", help="The web playground at /: auto serves it with --auth none and not with --auth keys.")
+    console: Literal["on", "off"] = setting("on", help="The operator console at /admin with --auth keys (it signs in with the admin token).")
     auth_cache_ttl: float = 2.0
     # Shared secret workers must hold to connect (ZeroMQ CURVE; docs/protocol.md). None: plain
     # ZeroMQ, allowed only on loopback or ipc:// addresses.

@@ -1,7 +1,7 @@
 """The hosted request path's front: a pure ASGI middleware that authenticates, nothing more.
 
-Active when the gateway runs with ``--auth keys``. For every API path (all but ``/health`` and
-``/admin/...``) it answers 503 during maintenance and authenticates ``Authorization: Bearer``
+Active when the gateway runs with ``--auth keys``. For every API path (all but ``/health``,
+``/admin/...`` and the web pages: ``/``, ``/ui/...``) it answers 503 during maintenance and authenticates ``Authorization: Bearer``
 (401) before anything else runs -- in particular before a byte of the body is read, so a caller
 without a key cannot make the gateway buffer anything. The principal goes in the ASGI scope for
 the routes.
@@ -47,6 +47,8 @@ METERED_PATHS = frozenset({
     "/v1/messages/count_tokens", "/messages/count_tokens",
 })
 OPEN_PATHS = frozenset({"/health"})
+# The web pages and their files (gateway/web/): static, public, and each signs in on its own.
+OPEN_PREFIXES = ("/admin/", "/ui/")
 GENERATION_HEADERS = (b"x-neocloud-generation-id", b"x-kiln-generation-id")
 PRINCIPAL_SCOPE_KEY = "kiln.principal"
 SLOT_SCOPE_KEY = "kiln.slot"  # the organization's concurrency slot; the lifecycle may free it early
@@ -112,7 +114,7 @@ class AccountsMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if path in OPEN_PATHS or path == "/admin" or path.startswith("/admin/"):
+        if path in OPEN_PATHS or path in ("/", "/admin") or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         metered = scope["method"] == "POST" and path in METERED_PATHS

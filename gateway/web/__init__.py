@@ -1,0 +1,1 @@
+"""The web pages: the playground and the operator console (pages.py; assets in static/)."""
