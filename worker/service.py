@@ -156,9 +156,9 @@ class GenerationService:
             try:
                 self._handles[req_id] = self.scheduler.submit(request)
                 return
-            except QueueFull:
-                pass
-        emit(Failed(req_id, 503, "server_is_overloaded", "The worker's queue is full; retry shortly."))
+            except QueueFull as exc:
+                refusal = str(exc) or "The worker's queue is full; retry shortly."
+        emit(Failed(req_id, 503, "server_is_overloaded", refusal))
 
     def _count(self, message: CountTokens, emit: Emit) -> None:
         req_id, window = message.req_id, self.config.context_window

@@ -72,7 +72,7 @@ class Step:
     "length", "cancelled", "error".
     """
 
-    token: int | None  # None only on a terminal cancelled/error step
+    token: int | None  # None only on a terminal step that carries no token (cancelled, error, an upstream engine's "length")
     logprob: float | None
     top_logprobs: list[tuple[int, float]] | None
     finish_reason: str | None
