@@ -182,3 +182,67 @@ def _serves(client: openai.OpenAI) -> bool:
         return client.responses.create(model=MODEL, input="hi", max_output_tokens=8).status in ("completed", "incomplete")
     except openai.APIStatusError:
         return False
+
+
+def test_a_conversation_carries_its_turns(client):
+    conversation = client.conversations.create()
+    first = client.responses.create(model=MODEL, conversation=conversation.id, input="My name is Ada.", max_output_tokens=16, temperature=0)
+    second = client.responses.create(model=MODEL, conversation=conversation.id, input="What is my name?", max_output_tokens=16, temperature=0)
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens  # the first turn came along
+    items = client.conversations.items.list(conversation.id)
+    assert len([i for i in items.data if i.type == "message"]) == 4
+
+
+def test_websocket_turns_continue_on_the_socket(client):
+    with client.responses.connect() as conn:
+        conn.response.create(model=MODEL, input="My name is Ada.", max_output_tokens=16, temperature=0, store=False)
+        first = _ws_final(conn)
+        conn.response.create(model=MODEL, input=[{"role": "user", "content": "And my name?"}], previous_response_id=first["id"], max_output_tokens=16, temperature=0, store=False)
+        second = _ws_final(conn)
+    assert second["previous_response_id"] == first["id"]
+    assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+    assert second["usage"]["input_tokens_details"]["cached_tokens"] > 0  # llama-server kept the prefix
+
+
+def _ws_final(conn) -> dict:
+    while True:
+        frame = json.loads(conn.recv_bytes())
+        if frame["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            assert frame["type"] in ("response.completed", "response.incomplete"), frame
+            return frame["response"]
+
+
+def test_hosted_metering_bills_what_was_delivered(engine, tmp_path_factory):
+    """A hosted gateway (API keys, a priced catalog, the ledger in SQLite) in front of the same
+    llama-server: the ledger row of each generation holds the tokens its client was told, a cut
+    stream included."""
+    from tests.e2e.test_hosted_gateway import auth, gen_id, ledger, new_org
+
+    _, url = engine
+    tmp = tmp_path_factory.mktemp("hosted-upstream")
+    db = f"sqlite:///{tmp}/kiln.db"
+    key = new_org(db, "acme", concurrency=8)
+    catalog = tmp / "catalog.toml"
+    catalog.write_text(f'[models."{MODEL}"]\ninput = "0.10"\ncached_input = "0.05"\noutput = "0.30"\n')
+    gateway = ["--auth", "keys", "--database-url", db, "--catalog", str(catalog), "--store", "none", "--admin-token", "admin-upstream-test"]
+    worker = ["--engine", "upstream", "--upstream", url, "--upstream-kind", "llama-server", "--max-batch", "2", "--context-length", str(SLOT_CONTEXT)]
+    server = Kiln(tmp, gateway_args=gateway, worker_args=worker).start(timeout=120)
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=120) as http:
+            whole = http.post("/v1/responses", json={"model": MODEL, "input": "Say hello.", "max_output_tokens": 16}, headers=auth(key))
+            assert whole.status_code == 200, whole.text
+            usage = whole.json()["usage"]
+            with http.stream("POST", "/v1/responses", json={"model": MODEL, "input": "Write a long story.", "max_output_tokens": 400, "temperature": 1.0, "stream": True}, headers=auth(key)) as s:
+                cut = gen_id(s)
+                deltas = 0
+                for line in s.iter_lines():
+                    deltas += line.startswith("data: ") and '"response.output_text.delta"' in line
+                    if deltas >= 8:
+                        break
+        row = ledger(db)[gen_id(whole)]
+        assert (row["input_tokens"], row["output_tokens"]) == (usage["input_tokens"], usage["output_tokens"]), row
+        assert wait_until(lambda: ledger(db)[cut]["status"] != "pending", 30)
+        cut_row = ledger(db)[cut]
+        assert cut_row["status"] == "incomplete" and cut_row["output_tokens"] >= 8 and cut_row["cost_nanousd"] > 0, cut_row
+    finally:
+        server.stop()
