@@ -174,3 +174,25 @@ def test_a_config_model_table_names_its_engine(tmp_path):
     path.write_text('[[models]]\nid = "big"\nsource = "m.gguf"\nupstream = "http://h:1"\nupstream_kind = "tgi"\n')
     with pytest.raises(ConfigError, match="upstream_kind must be one of"):
         load_config(path)
+
+
+def test_kiln_worker_refuses_upstream_without_a_url():
+    from click.testing import CliRunner
+
+    from kiln.worker.cli import main
+
+    result = CliRunner().invoke(main, ["--engine", "upstream"], env={"KILN_UPSTREAM": ""})
+    assert result.exit_code == 2 and "--upstream" in result.output
+
+
+def test_requests_on_an_engine_that_stops_answering_end_with_503(upstream):
+    service, fake = upstream("llama-server", delay_s=30)  # accepts the request, then says nothing
+    inbox = Inbox()
+    service.generate(Generate("r", "resp_r", ask()), inbox)
+    assert _wait(lambda: len(fake.bodies) == 1)
+    fake.healthy = False  # and its health probe fails from now on
+    failed = inbox.final("r", timeout=15)
+    assert isinstance(failed, Failed) and failed.http_status == 503 and "engine" in failed.message
+    assert not service.scheduler.healthy
+    fake.healthy = True
+    assert _wait(lambda: service.scheduler.healthy)  # back with the engine

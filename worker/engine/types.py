@@ -77,6 +77,9 @@ class Step:
     top_logprobs: list[tuple[int, float]] | None
     finish_reason: str | None
     error: str | None = None
+    # With "error": the engine was unreachable (an upstream engine down), not this request's
+    # fault: answered 503 so that the gateway retries elsewhere or the client later.
+    unavailable: bool = False
 
 
 @dataclass

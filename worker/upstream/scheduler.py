@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.types import EngineRequest, QueueFull, SamplingParams, Step
+from ..service import ENGINE_UNAVAILABLE
 from .client import UpstreamClient
 from .constraint import EngineConstraint
 from .requests import Kind, completion_call
@@ -31,6 +32,9 @@ from .responses import Chunk, UpstreamError, reader
 log = logging.getLogger("kiln.worker.upstream")
 
 HEALTH_INTERVAL_S = 1.0
+# Consecutive failed probes before an engine that was up counts as down: one slow answer from an
+# engine busy with a full batch must not take the model out of every gateway's pool.
+DOWN_AFTER_FAILURES = 2
 STOP_TIMEOUT_S = 5.0
 
 
@@ -50,6 +54,7 @@ class UpstreamScheduler:
         self._thread = threading.Thread(target=self._run_loop, name="kiln-upstream", daemon=True)
         self._lock = threading.Lock()
         self._tasks: dict[int, asyncio.Future] = {}
+        self._abandoned: set[int] = set()  # cancelled because the engine went down, not by the gateway
         self._active = 0
         self._next = 0
         self._healthy = threading.Event()
@@ -83,7 +88,7 @@ class UpstreamScheduler:
 
     def submit(self, request: EngineRequest) -> int:
         if not self.healthy:
-            raise EngineUnavailable("The model's engine is not answering; retry shortly.")
+            raise EngineUnavailable(ENGINE_UNAVAILABLE)
         with self._lock:
             if len(self._tasks) >= self.capacity + self.queue_depth:
                 raise QueueFull()
@@ -122,13 +127,27 @@ class UpstreamScheduler:
 
     async def _watch(self) -> None:
         assert self._client is not None
+        failures = 0
         while True:
-            up = await self._client.healthy()
+            answered = await self._client.healthy()
+            failures = 0 if answered else failures + 1
+            up = answered or (self.healthy and failures < DOWN_AFTER_FAILURES)
             if up != self.healthy or not self._checked.is_set():
                 (log.info if up else log.warning)("the upstream engine is %s", "up" if up else "not answering", extra={"engine": self.kind, "url": self.base_url})
+            if not up and self.healthy:
+                self._abandon_all()
             (self._healthy.set if up else self._healthy.clear)()
             self._checked.set()
             await asyncio.sleep(HEALTH_INTERVAL_S)
+
+    def _abandon_all(self) -> None:
+        """The engine stopped answering: its streams would only wait for the gateway's deadlines
+        (a frozen engine accepts connections and says nothing), so they end now, with 503."""
+        with self._lock:
+            tasks = dict(self._tasks)
+            self._abandoned.update(tasks)
+        for task in tasks.values():
+            task.cancel()
 
     async def _serve(self, handle: int, request: EngineRequest) -> None:
         assert self._client is not None and self._slots is not None
@@ -142,18 +161,23 @@ class UpstreamScheduler:
                     with self._lock:
                         self._active -= 1
         except asyncio.CancelledError:
-            _deliver(request, Step(None, None, None, "cancelled"))
+            with self._lock:
+                abandoned = handle in self._abandoned
+            step = Step(None, None, None, "error", error="the engine stopped answering", unavailable=True) if abandoned else Step(None, None, None, "cancelled")
+            _deliver(request, step)
         except UpstreamError as exc:
-            if exc.status == 0:
-                self._healthy.clear()  # no answer: refuse new requests until the probe sees it back
+            unreachable = exc.status == 0  # no connection, or one broken off: the engine is gone
+            if unreachable:
+                self._healthy.clear()  # refuse new requests until the probe sees it back
             log.warning("upstream request failed: %s", exc, extra={"engine": self.kind})
-            _deliver(request, Step(None, None, None, "error", error=str(exc)))
+            _deliver(request, Step(None, None, None, "error", error=str(exc), unavailable=unreachable or exc.status == 503))
         except Exception as exc:  # a bug of ours ends this request, never the loop
             log.exception("upstream request failed")
             _deliver(request, Step(None, None, None, "error", error=type(exc).__name__))
         finally:
             with self._lock:
                 self._tasks.pop(handle, None)
+                self._abandoned.discard(handle)
 
     async def _generate(self, request: EngineRequest) -> None:
         assert self._client is not None
