@@ -41,6 +41,7 @@ class WorkerSettings:
     upstream: str | None = setting(None, help="With --engine upstream: the engine's base URL, e.g. http://127.0.0.1:8080.")
     upstream_kind: Literal["llama-server", "vllm", "sglang"] = setting("llama-server", help="With --engine upstream: which engine --upstream is, so which completion endpoint it takes.")
     upstream_model: str | None = setting(None, help="With --engine upstream: the model name the engine expects in requests (vLLM's --served-model-name); default: none sent.")
+    upstream_api_key: str | None = setting(None, secret=True, help="With --engine upstream: sent as 'Authorization: Bearer' to an engine started with an API key (vLLM and SGLang --api-key, llama-server --api-key).")
     upstream_unconstrained: bool = setting(False, help="With --engine upstream: the engine has no constrained decoding (JSON schema), so structured output and forced tool calls are not offered and get 400.")
     scripted_reply: str = setting("Hello from Kiln's scripted engine.", help="Reply text of the scripted engine.")
     scripted_delay: float = setting(0.0, min=0, help="Seconds per token of the scripted engine.")

@@ -41,10 +41,10 @@ def upstream(tokenizer):
     """make(kind, exchange, **fake options) -> (service, fake engine); all stopped afterwards."""
     made: list = []
 
-    def make(kind: str, exchange: str = "text", *, constrained: bool = True, url: str | None = None, **options):
+    def make(kind: str, exchange: str = "text", *, constrained: bool = True, url: str | None = None, api_key: str | None = None, **options):
         record = recording(kind)
         fake = FakeEngine(record["path"], record[exchange]["events"], done=record[exchange]["done"], **options)
-        scheduler = UpstreamScheduler(url or fake.url, kind, tokenizer.encode, capacity=2, queue_depth=2, model="smol" if kind == "vllm" else None)
+        scheduler = UpstreamScheduler(url or fake.url, kind, tokenizer.encode, capacity=2, queue_depth=2, model="smol" if kind == "vllm" else None, api_key=api_key)
         scheduler.start()
         made.append((fake, scheduler))
         assert scheduler.wait_checked(10) is (url is None)
@@ -68,7 +68,7 @@ def items(inbox: Inbox, req_id: str) -> list[dict]:
 
 @pytest.mark.parametrize("kind, cached", [("llama-server", 12), ("vllm", 16), ("sglang", 24)])
 def test_each_engine_streams_the_reply_with_its_usage(upstream, tokenizer, kind, cached):
-    service, fake = upstream(kind)
+    service, fake = upstream(kind, api_key="sk-engine" if kind == "vllm" else None)
     inbox = Inbox()
     request = ask(sampling=Sampling(temperature=0.5, top_p=0.9, seed=7, max_output_tokens=50))
     service.generate(Generate("r", "resp_r", request), inbox)
@@ -82,6 +82,7 @@ def test_each_engine_streams_the_reply_with_its_usage(upstream, tokenizer, kind,
     (body,) = fake.bodies
     sent = {"llama-server": lambda b: (b["prompt"], b["n_predict"], b["return_tokens"]), "vllm": lambda b: (b["prompt"], b["max_tokens"], b["return_token_ids"]), "sglang": lambda b: (b["input_ids"], b["sampling_params"]["max_new_tokens"], b["stream"])}[kind](body)
     assert sent == (prompt, 50, True)
+    assert fake.authorizations == (["Bearer sk-engine"] if kind == "vllm" else [None])
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
@@ -183,6 +184,8 @@ def test_kiln_worker_refuses_upstream_without_a_url():
 
     result = CliRunner().invoke(main, ["--engine", "upstream"], env={"KILN_UPSTREAM": ""})
     assert result.exit_code == 2 and "--upstream" in result.output
+    result = CliRunner().invoke(main, ["--engine", "upstream", "--upstream", "localhost:8080"])
+    assert result.exit_code == 2 and "http://" in result.output
 
 
 def test_requests_on_an_engine_that_stops_answering_end_with_503(upstream):

@@ -26,6 +26,7 @@ class FakeEngine:
     def __init__(self, path: str, events: list[dict], *, done: bool, delay_s: float = 0.0, repeat: int = 1) -> None:
         self.path, self.events, self.done, self.delay_s, self.repeat = path, events, done, delay_s, repeat
         self.bodies: list[dict] = []
+        self.authorizations: list[str | None] = []  # each completion request's Authorization header
         self.aborted = threading.Event()
         self.healthy = True
         fake = self
@@ -46,6 +47,7 @@ class FakeEngine:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.bodies.append(body)
+                fake.authorizations.append(self.headers.get("Authorization"))
                 if self.path != fake.path:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")

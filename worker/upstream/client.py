@@ -26,10 +26,11 @@ MAX_ERROR_BYTES = 2048  # of an error answer's body, kept for the log
 
 
 class UpstreamClient:
-    def __init__(self, base_url: str, *, connections: int) -> None:
+    def __init__(self, base_url: str, *, connections: int, api_key: str | None = None) -> None:
         limits = httpx.Limits(max_connections=connections + 2, max_keepalive_connections=connections + 2)
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=timeout, headers=headers)
 
     async def healthy(self) -> bool:
         try:

@@ -43,8 +43,9 @@ class EngineUnavailable(QueueFull):
 
 
 class UpstreamScheduler:
-    def __init__(self, base_url: str, kind: Kind, encode: Callable[[str], list[int]], *, capacity: int, queue_depth: int, model: str | None = None) -> None:
+    def __init__(self, base_url: str, kind: Kind, encode: Callable[[str], list[int]], *, capacity: int, queue_depth: int, model: str | None = None, api_key: str | None = None) -> None:
         self.base_url = base_url
+        self.api_key = api_key
         self.kind = kind
         self.encode = encode
         self.capacity = capacity
@@ -114,7 +115,7 @@ class UpstreamScheduler:
         self._loop.run_forever()
 
     async def _setup(self) -> None:
-        self._client = UpstreamClient(self.base_url, connections=self.capacity)
+        self._client = UpstreamClient(self.base_url, connections=self.capacity, api_key=self.api_key)
         self._slots = asyncio.Semaphore(self.capacity)
         self._monitor = asyncio.ensure_future(self._watch())
 

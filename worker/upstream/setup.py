@@ -27,9 +27,11 @@ def build_upstream(settings: WorkerSettings) -> UpstreamEngine:
     vLLM --max-num-seqs), so the gateways queue what the engine would only queue itself."""
     if not settings.upstream:
         raise ValueError("--engine upstream needs --upstream, the engine's URL")
+    if not settings.upstream.startswith(("http://", "https://")):
+        raise ValueError(f"--upstream must be an http:// or https:// URL, got {settings.upstream!r}")
     source = load_tokenizer(settings.model)
     tokenizer = source.tokenizer
-    scheduler = UpstreamScheduler(settings.upstream, settings.upstream_kind, tokenizer.encode, capacity=settings.max_batch, queue_depth=settings.queue_depth, model=settings.upstream_model)
+    scheduler = UpstreamScheduler(settings.upstream, settings.upstream_kind, tokenizer.encode, capacity=settings.max_batch, queue_depth=settings.queue_depth, model=settings.upstream_model, api_key=settings.upstream_api_key)
     model_id = settings.model_id or source.model_id
     aliases = sorted(set(source.aliases) | set(settings.model_alias) | {source.model_id, model_id})
     window = min(source.context_window, settings.context_length) if settings.context_length else source.context_window
