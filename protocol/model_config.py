@@ -14,6 +14,8 @@
     load = "on-demand"                   # "always" (default): started with the server
     idle_stop = "10m"                    # on-demand only: stopped after this long without requests
     memory = "900MB"                     # what one of its workers takes (needed with memory_budget)
+    upstream = "http://10.0.0.5:8000"    # optional: generate on this engine (docs/upstream.md);
+    upstream_kind = "vllm"               #   "llama-server" (default), "vllm" or "sglang"
 
 One file serves every process of a deployment, which is why it is read here, in the package both
 daemons share: ``kiln serve --config`` starts each model's workers, ``kiln-worker --config F
@@ -58,6 +60,11 @@ class ModelConfig:
     load: LoadMode = "always"
     idle_stop_s: float = DEFAULT_IDLE_STOP_S  # on-demand models only
     memory: int | None = None  # bytes one worker of this model takes, as the user declared it
+    # An engine that generates for this model's workers (kiln-worker --engine upstream); source
+    # then names only its tokenizer and chat template.
+    upstream: str | None = None
+    upstream_kind: str | None = None
+    upstream_model: str | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -70,9 +77,11 @@ class ModelConfig:
     def worker_settings(self) -> dict[str, Any]:
         """The worker settings (``WorkerSettings`` fields) this model's workers get over the rest."""
         values: dict[str, Any] = {"model": self.source, "model_id": self.id, "model_alias": self.aliases}
-        for name in ("context_length", "max_batch", "cache_bytes", "tool_parser"):
+        for name in ("context_length", "max_batch", "cache_bytes", "tool_parser", "upstream", "upstream_kind", "upstream_model"):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
+        if self.upstream is not None:
+            values["engine"] = "upstream"
         return values
 
 
@@ -97,7 +106,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "source": str, "aliases": list, "workers": int, "context_length": int,
     "max_batch": int, "cache_bytes": int, "tool_parser": str, "load": str,
     "idle_stop": (int, float, str), "memory": (int, str),
+    "upstream": str, "upstream_kind": str, "upstream_model": str,
 }  # fmt: skip
+UPSTREAM_KINDS = ("llama-server", "vllm", "sglang")  # kiln-worker --upstream-kind
 
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*")
 _SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -160,6 +171,10 @@ def _model(entry: Any, where: str, base: Path) -> ModelConfig:
         raise ConfigError(f"{where}: idle_stop applies to load = \"on-demand\" models only")
     idle = parse_duration(entry["idle_stop"], f"{where}: idle_stop") if "idle_stop" in entry else DEFAULT_IDLE_STOP_S
     memory = parse_size(entry["memory"], f"{where}: memory") if "memory" in entry else None
+    if "upstream_kind" in entry and entry["upstream_kind"] not in UPSTREAM_KINDS:
+        raise ConfigError(f"{where}: upstream_kind must be one of {', '.join(repr(k) for k in UPSTREAM_KINDS)}, got {entry['upstream_kind']!r}")
+    if ("upstream_kind" in entry or "upstream_model" in entry) and "upstream" not in entry:
+        raise ConfigError(f"{where}: upstream_kind and upstream_model need upstream (the engine's URL)")
     source = entry["source"]
     local = (base / source).expanduser()
     if not Path(source).expanduser().is_absolute() and local.exists():
@@ -168,7 +183,8 @@ def _model(entry: Any, where: str, base: Path) -> ModelConfig:
         id=entry["id"], source=source, aliases=tuple(aliases), workers=entry.get("workers", 1),
         context_length=entry.get("context_length"), max_batch=entry.get("max_batch"),
         cache_bytes=entry.get("cache_bytes"), tool_parser=entry.get("tool_parser"), load=load,
-        idle_stop_s=idle, memory=memory,
+        idle_stop_s=idle, memory=memory, upstream=entry.get("upstream"),
+        upstream_kind=entry.get("upstream_kind"), upstream_model=entry.get("upstream_model"),
     )  # fmt: skip
 
 

@@ -94,6 +94,7 @@ def build_server(settings: WorkerSettings):
     from .capabilities import describe
     from .setup import Constraints, model_extras
 
+    ready = None  # the MLX and scripted engines are ready once built
     if settings.engine == "scripted":
         from .scripted import ByteTokenizer, ScriptedScheduler
 
@@ -103,6 +104,16 @@ def build_server(settings: WorkerSettings):
         model_id = settings.model_id or "kiln-scripted"
         aliases, window = list(settings.model_alias), settings.context_length or 8192
         constraints = Constraints(tokenizer)
+    elif settings.engine == "upstream":
+        from .upstream.setup import build_upstream
+
+        try:
+            upstream = build_upstream(settings)
+        except ValueError as exc:
+            raise click.UsageError(str(exc))
+        tokenizer, scheduler, constraints = upstream.tokenizer, upstream.scheduler, upstream.constraints
+        model_id, aliases, window = upstream.model_id, upstream.aliases, upstream.context_window
+        ready = lambda: upstream.scheduler.healthy  # noqa: E731
     else:
         from .engine.scheduler import Scheduler
         from .engine.speculative import Speculation
@@ -129,4 +140,4 @@ def build_server(settings: WorkerSettings):
 
         discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
     features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
-    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery)
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery, ready=ready)

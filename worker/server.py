@@ -146,13 +146,17 @@ class Outbox:
 
 
 class WorkerServer:
-    def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None, secret: str | None = None, discovery: Any = None) -> None:
+    def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None, secret: str | None = None, discovery: Any = None, ready: Callable[[], bool] | None = None) -> None:
         self.gateways = [gateways] if isinstance(gateways, str) else list(gateways)
         # Gateways advertised in Redis (worker/discovery.py), served besides the given ones.
         self.discovery = discovery
         if not self.gateways and discovery is None:
             raise ValueError("a worker needs a gateway, or a way to discover them")
         self.secret = secret  # the worker secret: each DEALER becomes a CURVE client (None: plain)
+        # Whether the engine can serve (an upstream engine answers its health probe). While it
+        # cannot, the worker neither registers nor heartbeats, so each gateway drops it after its
+        # heartbeat timeout and answers the model 503 with Retry-After until it is back.
+        self.ready = ready or (lambda: True)
         self.service = service
         self.worker_id = f"worker-{uuid.uuid4().hex[:12]}"
         self.register = Register(
@@ -240,6 +244,9 @@ class WorkerServer:
                     if link.silent(now):
                         log.warning("gateway stopped answering", extra={"gateway": link.address, "seconds": link.timeout_s})
                         self._forget(link)
+                ready = self.ready()
+                if not ready:
+                    self._unready()
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT_INTERVAL_S
                     self._beat()
@@ -247,7 +254,7 @@ class WorkerServer:
                     next_register = now + REGISTER_RETRY_S
                     self._rediscover(ctx, poller, outbox)
                     for link in self._links.values():
-                        if not link.registered:
+                        if not link.registered and ready:
                             link.send(self._register_frame)
         finally:
             if self.discovery is not None:
@@ -306,6 +313,13 @@ class WorkerServer:
             link.send(self._register_frame)
         else:
             raise SystemExit(f"gateway {link.address} refused this worker: {message.error}")
+
+    def _unready(self) -> None:
+        """The engine stopped answering: go silent on every link (registered again once it is back)."""
+        for link in self._links.values():
+            if link.registered:
+                log.warning("engine not ready: leaving the gateway's pool", extra={"gateway": link.address})
+                link.registered = False
 
     def _forget(self, link: GatewayLink) -> None:
         """The gateway is gone or has forgotten us: cancel what it sent, and register again."""

@@ -36,6 +36,7 @@ Emit = Callable[[Any], None]
 
 RENDER_FAILED = "The input could not be rendered with the model's chat template."
 GENERATION_FAILED = "The model failed while generating this response."
+ENGINE_UNAVAILABLE = "The model's engine is not answering; retry shortly."
 
 
 @dataclass
@@ -156,9 +157,9 @@ class GenerationService:
             try:
                 self._handles[req_id] = self.scheduler.submit(request)
                 return
-            except QueueFull:
-                pass
-        emit(Failed(req_id, 503, "server_is_overloaded", "The worker's queue is full; retry shortly."))
+            except QueueFull as exc:
+                refusal = str(exc) or "The worker's queue is full; retry shortly."
+        emit(Failed(req_id, 503, "server_is_overloaded", refusal))
 
     def _count(self, message: CountTokens, emit: Emit) -> None:
         req_id, window = message.req_id, self.config.context_window
@@ -348,7 +349,10 @@ class _Run:
         if reason == "error":
             log.error("request %s failed in the engine: %s", self.req_id, step.error)
             self._flush()
-            self.emit(Failed(self.req_id, 500, "server_error", GENERATION_FAILED))
+            if step.unavailable:
+                self.emit(Failed(self.req_id, 503, "server_is_overloaded", ENGINE_UNAVAILABLE))
+            else:
+                self.emit(Failed(self.req_id, 500, "server_error", GENERATION_FAILED))
             return
         tail = self.decoder.flush()
         if tail:

@@ -72,11 +72,14 @@ class Step:
     "length", "cancelled", "error".
     """
 
-    token: int | None  # None only on a terminal cancelled/error step
+    token: int | None  # None only on a terminal step that carries no token (cancelled, error, an upstream engine's "length")
     logprob: float | None
     top_logprobs: list[tuple[int, float]] | None
     finish_reason: str | None
     error: str | None = None
+    # With "error": the engine was unreachable (an upstream engine down), not this request's
+    # fault: answered 503 so that the gateway retries elsewhere or the client later.
+    unavailable: bool = False
 
 
 @dataclass

@@ -80,6 +80,25 @@ def _hub_id(model: str):
     return parse_hub_id(model)
 
 
+def locate_model(model: str | None) -> tuple[Path, str, list[str]]:
+    """(path, model id, aliases) of what the user named: None is the bundled SmolLM2, else a
+    path, else a hub id resolved in the Hugging Face cache. Shared by the weight loader and the
+    upstream engine's tokenizer loader (worker/upstream/tokenizer_source.py), so a model is
+    named the same way whichever engine runs it."""
+    if model is None:
+        return bundled_model_path(), BUNDLED_MODEL_ID, [BUNDLED_MODEL_ID]
+    path = Path(model).expanduser()
+    model_id = _model_id_for(path)
+    hub = None if path.exists() else _hub_id(model)
+    if hub is None:
+        return path, model_id, [model_id]
+    from .hub import resolve
+
+    path = resolve(hub)  # HubModelError (a ModelNotFoundError) names the cache
+    model_id = hub.model_id
+    return path, model_id, sorted({model_id, model_id.lower(), hub.repo.split("/", 1)[1].lower()})
+
+
 def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
     """Load `model` (None: the bundled SmolLM2; a .gguf file; an mlx-lm folder; a hub id
     `org/name[@revision][:QUANT]`, resolved through the Hugging Face cache by `hub.py`).
@@ -92,21 +111,7 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
 
     resolve_weights(weights)  # reject a bad flag before the slow part
 
-    if model is None:
-        path = bundled_model_path()
-        model_id, aliases = BUNDLED_MODEL_ID, [BUNDLED_MODEL_ID]
-    else:
-        path = Path(model).expanduser()
-        model_id = _model_id_for(path)
-        aliases = [model_id]
-        hub = None if path.exists() else _hub_id(model)
-        if hub is not None:
-            from .hub import resolve
-
-            path = resolve(hub)  # HubModelError (a ModelNotFoundError) names the cache
-            model_id = hub.model_id
-            aliases = sorted({model_id, model_id.lower(), hub.repo.split("/", 1)[1].lower()})
-
+    path, model_id, aliases = locate_model(model)
     started = time.perf_counter()
     log.info("loading model %s from %s (weights=%s)", model_id, path, weights)
     if path.is_file() and path.suffix.lower() == ".gguf":
@@ -163,4 +168,5 @@ __all__ = [
     "Tokenizer",
     "bundled_model_path",
     "load_model",
+    "locate_model",
 ]
