@@ -131,7 +131,7 @@ def try_line(gateway: Settings, model: str) -> str:
 
     base = health_url(gateway.host, gateway.port).removesuffix("/health")
     body = json.dumps({"model": model, "input": "Say hello"})
-    key = " -H 'Authorization: Bearer $KILN_API_KEY'" if gateway.auth == "keys" else ""
+    key = ' -H "Authorization: Bearer $KILN_API_KEY"' if gateway.auth == "keys" else ""
     return f"try: curl {base}/v1/responses -H 'Content-Type: application/json'{key} -d '{body}'"
 
 
