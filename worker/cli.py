@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 import signal
 import sys
 import time
@@ -52,6 +53,7 @@ def main(**options: Any) -> None:
 
     try:
         with progress_to(settings.progress_fd, "kiln.worker"):
+            log.info("starting: Python %s on %s %s; importing the engine", platform.python_version(), platform.system(), platform.machine())
             server = build_server(settings)
     except (ModelNotFoundError, UnsupportedModelError) as exc:
         # The user named a model we cannot serve: say why in one line, no traceback.
