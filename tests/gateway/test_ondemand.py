@@ -265,3 +265,29 @@ async def test_requests_load_the_model_and_the_listing_shows_its_capabilities(co
             assert (b["loaded"], b["status"], b["context_window"], b["capabilities"]["reasoning"]) == (False, "not_loaded", 1024, True)
     finally:
         await app.state.loader.stop()
+
+
+async def test_an_always_loaded_model_answers_loading_until_its_first_worker(tmp_path):
+    """A model the server starts with (``load = "always"``, or the command line's under kiln
+    serve) is loading until a first worker registers: 503 model_loading with Retry-After at once,
+    never 404 and never a wait; /health's ``loading`` lists it. A name nobody serves passes to the
+    pool (404)."""
+    path = tmp_path / "kiln.toml"
+    path.write_text('[[models]]\nid = "big"\nsource = "big.gguf"\naliases = ["large"]\n')
+    pool = FakePool()
+    launcher = FakeLauncher(pool)
+    loader = ModelLoader(load_config(path), pool, launcher, load_timeout_s=5.0)
+    await loader.start()
+    try:
+        for name in ("big", "large"):
+            with pytest.raises(ApiError) as refused:
+                await bounded(loader.ensure(name))
+            assert (refused.value.status, refused.value.code, refused.value.headers["Retry-After"]) == (503, "model_loading", "5")
+        assert loader.loading() == ["big"] and loader.status(loader.entry("big")) == "loading"
+        assert launcher.sent == []  # nothing to start: kiln serve started its workers
+        await bounded(loader.ensure("unknown"))  # the pool's 404, as before
+        await launcher.register("big")
+        await bounded(loader.ensure("large"))
+        assert loader.loading() == [] and loader.status(loader.entry("big")) == "loaded"
+    finally:
+        await loader.stop()
