@@ -137,20 +137,28 @@ def warn_secret_on_command_line(flag: str, instead: str) -> None:
     )
 
 
+_PIPE_LINE = 4000  # bytes: under PIPE_BUF (4096 on Linux, 512 by POSIX), a write is whole
+
+
 class _PipeHandler(logging.Handler):
     """One JSON line per record on a pipe (a line under PIPE_BUF is written whole, so the lines
-    of several processes sharing the pipe never mix); a reader that is gone is ignored."""
+    of several processes sharing the pipe never mix); a reader that is gone or full is ignored."""
 
     def __init__(self, fd: int) -> None:
         super().__init__(logging.INFO)
         self.fd = fd
         self.setFormatter(JsonFormatter())
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, False)  # a reader that stopped reading drops lines, never stalls the start
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = json.loads(self.format(record))
-            line["pid"] = record.process
-            os.write(self.fd, (json.dumps(line, default=str)[:4000] + "\n").encode())
+            entry = json.loads(self.format(record))
+            entry["pid"] = record.process
+            line = json.dumps(entry, default=str)
+            if len(line.encode()) > _PIPE_LINE:  # over PIPE_BUF it could be split: keep what says what happened
+                line = json.dumps({k: entry[k] for k in ("ts", "level", "logger", "pid")} | {"msg": entry["msg"][:1000]})
+            os.write(self.fd, (line + "\n").encode())
         except (OSError, ValueError):
             pass
 
