@@ -291,3 +291,31 @@ async def test_an_always_loaded_model_answers_loading_until_its_first_worker(tmp
         assert loader.loading() == [] and loader.status(loader.entry("big")) == "loaded"
     finally:
         await loader.stop()
+
+
+async def test_hosted_and_local_gateways_answer_loading_in_each_doors_shape(tmp_path):
+    """An always-loaded model before its first worker, through the app: OpenAI's error shape on
+    /v1/responses (hosted mode too: after the key and catalog checks), Anthropic's on
+    /v1/messages, 503 + Retry-After on both; /health up but not ready; a stranger stays 404."""
+    from tests.gateway.inprocess import hosted_app
+
+    path = tmp_path / "kiln.toml"
+    path.write_text('[[models]]\nid = "big"\nsource = "big.gguf"\n')
+    local = create_app(Settings(config_path=str(path)), pool=FakePool())
+    hosted, _, key = await hosted_app(tmp_path)
+    # hosted_app takes no --config: its loader is the one a --config gateway builds.
+    hosted.state.loader = ModelLoader(load_config(path), hosted.state.pool, None, load_timeout_s=5.0)
+    try:
+        for app, headers in ((local, {}), (hosted, {"Authorization": f"Bearer {key}"})):
+            async with client_for(app) as client:
+                r = await client.post("/v1/responses", json={"model": "big", "input": "hi"}, headers=headers)
+                assert (r.status_code, r.headers["retry-after"], r.json()["error"]["code"]) == (503, "5", "model_loading"), r.text
+                assert_error(r.json())
+                m = await client.post("/v1/messages", json={"model": "big", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, headers=headers)
+                assert m.status_code == 503 and m.headers["retry-after"] == "5", m.text
+                assert m.json()["type"] == "error" and m.json()["error"]["type"] == "overloaded_error" and "loading" in m.json()["error"]["message"]
+                assert (await client.post("/v1/responses", json={"model": "nope", "input": "hi"}, headers=headers)).status_code == 404
+                health = await client.get("/health")
+                assert health.status_code == 200 and health.json()["ready"] is False and health.json()["loading"] == ["big"]
+    finally:
+        await hosted.state.accounts.close()
