@@ -1,14 +1,23 @@
 """Compaction on the gateway side: asking a worker to compact, sealing the result into a
 ``compaction`` item, and expanding such items back into history (spec: Compaction).
 
-A compaction item's ``encrypted_content`` is a sealed blob (see sealing.py) holding the summary
-and the retained items, so a compaction item alone stands for the whole compacted history — which
-is what Codex replays. When a client replays the retained items after the item as well (the
-``/responses/compact`` output), the duplicates are skipped.
+A compaction item's ``encrypted_content`` is base64url JSON holding the summary and the retained
+items, so a compaction item alone stands for the whole compacted history — which is what Codex
+replays. When a client replays the retained items after the item as well (the ``/responses/compact``
+output), the duplicates are skipped.
+
+As the spec says, that content "is not encrypted and is treated as client data, like any input
+array": it is not signed, so an item survives a restart of the server, another replica, or a
+client that edits its own history; it is checked like input instead (an object with a ``summary``
+string and ``retained`` input items, each checked as ``input`` items are). Items made before
+this change (``kiln1.<body>.<signature>``) are read too; their signature is not needed any more.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,7 +28,8 @@ from kiln.protocol.usage import Usage
 
 from .errors import ApiError, invalid
 from .generation import reply
-from .sealing import SealError, Sealer
+from .sealing import PREFIX as SIGNED_PREFIX
+from .validation import normalize_input
 from .worker_request import worker_request
 from .workers import NoWorker, WorkerPool, routing_key
 
@@ -46,23 +56,50 @@ class Compaction:
         return [*self.kept, self.item, *self.retained]
 
 
-def compaction_item(sealer: Sealer, summary: str, retained: list[dict]) -> dict[str, Any]:
-    blob = sealer.seal("compaction", {"summary": summary, "retained": retained})
-    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": blob}
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def expand_items(items: list[dict], sealer: Sealer) -> list[dict]:
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+
+
+def compaction_item(summary: str, retained: list[dict]) -> dict[str, Any]:
+    content = json.dumps({"summary": summary, "retained": retained}, separators=(",", ":"), ensure_ascii=False)
+    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": _b64(content.encode())}
+
+
+def read_compaction(content: Any, param: str) -> tuple[str, list[dict]]:
+    """The summary and retained items of a compaction item's ``encrypted_content``: client data,
+    checked as input is (400 naming ``param`` when it is not what a compaction holds)."""
+    if not isinstance(content, str):
+        raise invalid(f"Invalid '{param}': expected the string of a compaction item.", param=param)
+    parts = content.split(".")
+    if len(parts) == 3 and parts[0] == SIGNED_PREFIX:
+        content = parts[1]  # made before compaction items were client data: the signature is moot
+    try:
+        payload = json.loads(_unb64(content))
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        raise invalid(f"Invalid '{param}': expected base64url JSON, as a compaction item holds.", param=param) from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("summary"), str) or not isinstance(payload.get("retained", []), list):
+        raise invalid(f"Invalid '{param}': expected an object with a 'summary' string and a 'retained' array.", param=param)
+    try:
+        retained = normalize_input(payload.get("retained", []))
+    except ApiError as exc:
+        raise invalid(f"Invalid '{param}': its retained items are not valid input ({exc.message})", param=param) from None
+    if any(r.get("type") in ("compaction", "compaction_trigger") for r in retained):
+        raise invalid(f"Invalid '{param}': a compaction cannot retain another compaction.", param=param)
+    return payload["summary"], retained
+
+
+def expand_items(items: list[dict]) -> list[dict]:
     """Replace each compaction item by the summary message and the items it retained."""
     out: list[dict] = []
     skip_ids: set[str] = set()
     for i, item in enumerate(items):
         if item.get("type") == "compaction":
-            try:
-                payload = sealer.unseal("compaction", item.get("encrypted_content"))
-            except SealError as exc:
-                raise invalid(f"'input[{i}].encrypted_content' is not a compaction produced by this server, or it was altered ({exc}).", param=f"input[{i}].encrypted_content")
-            out.append({"type": "message", "role": "user", "content": SUMMARY_PREFIX + payload.get("summary", "")})
-            retained = payload.get("retained") or []
+            summary, retained = read_compaction(item.get("encrypted_content"), f"input[{i}].encrypted_content")
+            out.append({"type": "message", "role": "user", "content": SUMMARY_PREFIX + summary})
             out.extend(retained)
             skip_ids = {r.get("id") for r in retained if r.get("id")}
             continue
@@ -72,10 +109,10 @@ def expand_items(items: list[dict], sealer: Sealer) -> list[dict]:
     return out
 
 
-async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None) -> Compaction:
+async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None) -> Compaction:
     """Have a worker compact ``body["input"]`` (stored form; expanded here before sending)."""
     stored = body["input"]
-    wire = {**body, "input": expand_items(stored, sealer)}
+    wire = {**body, "input": expand_items(stored)}
     request = worker_request(wire)
     try:
         worker = pool.pick(model, routing_key(body))
@@ -96,7 +133,7 @@ async def compact(pool: WorkerPool, sealer: Sealer, body: dict, model: str, *, k
     summary = Usage.from_map(message.usage)
     usage = Usage(input_tokens=summary.input_tokens, output_tokens=summary.output_tokens).to_map()
     return Compaction(
-        item=compaction_item(sealer, message.summary, retained),
+        item=compaction_item(message.summary, retained),
         kept=[items[i] for i in message.kept_indices],
         retained=retained,
         usage=usage,

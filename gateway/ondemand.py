@@ -17,6 +17,12 @@ as resident.
 
 Every admission (``gateway/admission.py``, the WebSocket door) calls :meth:`ModelLoader.ensure`
 before the request resolves its model, so every door loads the same way.
+
+The models that start with the server (``load = "always"``, and under ``kiln serve --model`` the
+one model of the command line, which kiln serve hands the gateway as a generated config) are
+loading from the start: until a first worker of theirs registers, :meth:`ModelLoader.ensure`
+answers 503 ``model_loading`` with Retry-After at once (no request waits for a first load, which
+may take minutes), never 404. :meth:`ModelLoader.loading` is what ``/health``'s ``ready`` reads.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ RETRY_AFTER_S = 5  # while a model loads, or while the memory it needs is held b
 IDLE_TICK_S = 1.0
 
 ModelStatus = Literal["loaded", "loading", "stopping", "not_loaded"]
+
+
+def loading_error(name: str) -> ApiError:
+    """The 503 of a model that is loading: the client retries after ``RETRY_AFTER_S``."""
+    return ApiError(503, f"The model '{name}' is still loading; retry shortly.", code="model_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class Launcher(Protocol):
@@ -116,9 +127,18 @@ class ModelLoader:
             return "stopping"
         if self.pool.serves(model.id):
             return "loaded"
-        if state is not None and state.loading:
+        if (state is not None and state.loading) or self._first_load(model):
             return "loading"
         return "not_loaded"
+
+    def _first_load(self, model: ModelConfig) -> bool:
+        """An always-loaded model none of whose workers has registered since this gateway started."""
+        return not model.on_demand and self.pool.last_registration(model.id) is None
+
+    def loading(self) -> list[str]:
+        """The always-loaded models still waiting for their first worker: the deployment is ready
+        (every model it starts with can take a request) when there are none."""
+        return [m.id for m in (self.config.models if self.config else []) if self._first_load(m)]
 
     def last_error(self, model: ModelConfig) -> str | None:
         state = self._models.get(model.id)
@@ -133,12 +153,16 @@ class ModelLoader:
         """Return once the model ``name`` names can take the request: at once unless it is an
         on-demand model without a worker; then start it and wait, at most ``load_timeout_s``.
         Raises ApiError 503 (with Retry-After) when it cannot be loaded in time or at all."""
-        if not isinstance(name, str) or not self._models:
+        if not isinstance(name, str):
             return
         entry = self.entry(name)
-        state = self._models.get(entry.id) if entry is not None else None
+        if entry is None:
+            return  # not in the config: the pool answers as it always does (404 for a stranger)
+        state = self._models.get(entry.id)
         if state is None:
-            return  # not on-demand (or not in the config): the pool answers as it always does
+            if self._first_load(entry):
+                raise loading_error(name)
+            return  # loaded, or its worker restarting: the pool answers (503 while none is up)
         state.last_used = self.clock()
         if state.stopping is None and self.pool.serves(state.config.id):
             return
@@ -152,7 +176,7 @@ class ModelLoader:
                 state.starting.add_done_callback(lambda t: t.cancelled() or t.exception())
             await asyncio.wait_for(asyncio.shield(state.starting), self.load_timeout_s)
         except asyncio.TimeoutError:
-            raise ApiError(503, f"The model '{name}' is still loading; retry shortly.", code="model_loading", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise loading_error(name) from None
         except LoadFailed as exc:
             raise ApiError(503, f"The model '{name}' could not be loaded: {exc}", code="model_load_failed", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         finally:

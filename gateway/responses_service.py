@@ -75,7 +75,7 @@ class ResponsesService:
         self.event_buffers = self.stores.events  # numbered events, for stream=true GETs
         self.live = self.stores.live  # foreground responses in flight on other replicas
         self.inflight: dict[str, Generation] = {}  # foreground responses in flight here
-        self.sealer = Sealer(settings.secret_key)
+        self.sealer = Sealer(settings.secret_key, encrypt=settings.encrypt_reasoning)
         self.metrics: Any = None  # set by the app when /metrics is mounted
 
     async def open(self) -> None:
@@ -126,7 +126,7 @@ class ResponsesService:
         response = ResponseObject(new_response_id(), body, model)
         generation = Generation(self.pool, response, body, model)
         generation.owner = owner
-        generation.wire_input = compaction.expand_items(body["input"], self.sealer)
+        generation.wire_input = compaction.expand_items(body["input"])
         generation.compact_threshold = threshold
         generation.first_event_timeout_s = self.settings.first_event_timeout_s
         generation.event_timeout_s = self.settings.event_timeout_s
@@ -181,7 +181,7 @@ class ResponsesService:
         window = self.pool.context_window(model) or 0
         items = body["input"]
         if items and items[-1].get("type") == "compaction_trigger":
-            result = await compaction.compact(self.pool, self.sealer, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+            result = await compaction.compact(self.pool, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
             generation.add_prefix_item(result.item)
             generation.done_without_worker = True
             generation.response.finish("completed", complete_usage(result.usage))
@@ -193,10 +193,10 @@ class ResponsesService:
         if counted < threshold and counted < window - 1:
             return
         rid = generation.response.id
-        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+        result = await compaction.compact(self.pool, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
         generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
         body["input"] = result.history
-        generation.wire_input = compaction.expand_items(result.history, self.sealer)
+        generation.wire_input = compaction.expand_items(result.history)
         generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
         generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
         generation.add_prefix_item(result.item)
@@ -211,7 +211,7 @@ class ResponsesService:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
         body = {**body, "model": model, "input": _with_ids(self.unseal_items(body["input"]))}
-        result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
+        result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
         return compaction.compact_resource(result, model)
 
     # -- sealed content --------------------------------------------------------------------------

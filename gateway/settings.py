@@ -40,8 +40,9 @@ class Settings:
     # (Codex) still work.
     hosted_tools: Literal["reject", "drop"] = setting("reject", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
     log_level: LogLevel = log_level_setting()
-    # Server key that seals reasoning and compaction content handed to clients.
-    secret_key: str | None = setting(None, secret=True, help="Key that signs reasoning and compaction content handed to clients. Set the same key on every gateway replica; default: random per process.")
+    # Server key that seals reasoning handed to clients (gateway/sealing.py).
+    secret_key: str | None = setting(None, secret=True, help="Key that seals the reasoning handed to clients in encrypted_content. Set the same key on every gateway replica; default: random per process (kiln serve: kept in its --data-dir).")
+    encrypt_reasoning: bool = setting(False, help="Encrypt the reasoning in encrypted_content (AES-256-GCM under --secret-key) so that clients cannot read it from the blob; default: signed, readable base64url JSON.")
     reasoning_echo_max_bytes: int = setting(16 << 20, min=0, spec_env="MLXCEL_REASONING_ECHO_MAX_BYTES", help="Byte budget of the reasoning echo store; 0 turns it off.")
     # None: OpenAI's default, 1.0.
     default_temperature: float | None = setting(None, min=0, max=2, help="Temperature for requests that do not set one (default: 1, as OpenAI). Small models ramble less at 0-0.7; clients such as Codex never send one.")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -14,6 +16,7 @@ from kiln.gateway.cli import checked
 from kiln.gateway.settings import Settings
 from kiln.protocol.logs import configure
 from kiln.protocol.settings_fields import child_env, env_names, from_options, settings_options, to_argv
+from kiln.worker.cli import served_names
 from kiln.worker.settings import WorkerSettings
 
 from .admin import keys, orgs
@@ -61,13 +64,28 @@ def serve(**options: Any) -> None:
     except SecretError as exc:
         raise click.BadParameter(str(exc), param_hint="--worker-secret")
     secrets = {"worker_secret": secret, "worker_secret_file": None}
-    runtime = None
-    if own.workers_bind is None:
-        runtime = private_runtime_dir()
+    sealing: dict[str, str] = {}
+    if not options["secret_key"]:
+        # Reasoning sealed by this server stays readable after a restart (kiln/state.py).
+        from .state import StateError, default_data_dir, sealing_key
+
+        try:
+            sealing["secret_key"] = sealing_key(Path(own.data_dir).expanduser() if own.data_dir else default_data_dir())
+        except StateError as exc:
+            raise click.BadParameter(str(exc), param_hint="--data-dir")
+    runtime = private_runtime_dir()
     try:
         bind = own.workers_bind or f"ipc://{runtime}/workers.sock"
+        names = None
+        if served is None:
+            # The gateway knows the model from the start (503 "model_loading" until its worker
+            # is up, never 404): the command line's model, as a config file of one model.
+            names = served_names(worker)
+            config = write_config(Path(runtime), names, worker.model, count)
+        else:
+            config = own.config_path
         # Checked whole (hosted settings, files read) before anything starts.
-        gateway = checked(from_options(Settings, {**options, "workers_bind": bind, **secrets}))
+        gateway = checked(from_options(Settings, {**options, "workers_bind": bind, "config_path": config, **secrets, **sealing}))
         worker = replace(worker, gateway=(bind.replace("0.0.0.0", "127.0.0.1").replace("*", "127.0.0.1"),), **secrets)
         base = {k: v for k, v in os.environ.items() if k not in env_names([ServeSettings, Settings, WorkerSettings])}
         worker_env = child_env(worker, base)
@@ -84,13 +102,37 @@ def serve(**options: Any) -> None:
             on_demand = {m.id: specs[m.id] for m in served if m.on_demand}
         # On stdout: stderr is the JSON log (one object per line, for jq and log shippers).
         later = f" (+{sum(len(v) for v in on_demand.values())} on demand)" if on_demand else ""
-        click.echo(f"kiln: serving on http://{gateway.host}:{gateway.port}/v1 with {len(workers)} worker(s){later}; Ctrl-C stops")
-        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port), on_demand=on_demand)
+        click.echo(f"kiln: starting on http://{gateway.host}:{gateway.port}/v1 with {len(workers)} worker(s){later}; requests answer 503 model_loading until the model is loaded; Ctrl-C stops")
+        if names is not None:
+            model = names[0]
+        else:
+            assert served is not None
+            model = next((m.id for m in served if not m.on_demand), served[0].id)
+        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port), on_demand=on_demand, ready_line=try_line(gateway, model))
         code = supervisor.run()
     finally:
-        if runtime is not None:
-            shutil.rmtree(runtime, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
     raise SystemExit(code)
+
+
+def write_config(directory: Path, names: tuple[str, list[str]], source: str | None, workers: int) -> str:
+    """A kiln.toml of the one model on the command line, for the gateway (``--config``): its id and
+    aliases as the worker will register them. TOML basic strings take JSON's escapes."""
+    model_id, aliases = names
+    lines = ["[[models]]", f"id = {json.dumps(model_id)}", f"source = {json.dumps(source or model_id)}", f"aliases = {json.dumps([a for a in aliases if a != model_id])}", f"workers = {workers}"]
+    path = directory / "models.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def try_line(gateway: Settings, model: str) -> str:
+    """The request the ready line suggests: one that works as it is (hosted mode needs a key)."""
+    from .supervisor import health_url
+
+    base = health_url(gateway.host, gateway.port).removesuffix("/health")
+    body = json.dumps({"model": model, "input": "Say hello"})
+    key = ' -H "Authorization: Bearer $KILN_API_KEY"' if gateway.auth == "keys" else ""
+    return f"try: curl {base}/v1/responses -H 'Content-Type: application/json'{key} -d '{body}'"
 
 
 def private_runtime_dir() -> str:

@@ -5,6 +5,10 @@
   fatal: ``kiln serve`` stops the others and exits non-zero, the child's own error being already on
   stderr, instead of restarting it forever. The supervisor polls the gateway's ``/health`` until
   every worker has registered once.
+- Console: the workers report their start-up (model load, native build) as JSON lines on a pipe
+  (``--progress-fd``, protocol/logs.py ``progress_to``), which the supervisor prints as human
+  lines on stdout; it prints the ready line once ``/health`` says ``ready`` (every model the
+  server starts with has a worker registered, so a request would be served), not before.
 - Running: a worker that exits is restarted, backing off when it dies soon after starting; a
   gateway that exits is restarted too (the workers re-register with it), with a backoff and at most
   ``GATEWAY_RESTARTS`` restarts in ``GATEWAY_WINDOW_S``, after which ``kiln serve`` gives up.
@@ -83,10 +87,12 @@ class Child:
     restarts: int = 0
     started_at: float = 0.0
     next_start: float = 0.0
+    pass_fds: tuple[int, ...] = ()  # kept open in the child at every start
 
     def start(self, extra: list[str] | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         argv = [*self.argv, *(extra or [])]
-        self.process = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, pass_fds=pass_fds, preexec_fn=_child_setup(os.getpid()))
+        fds = (*self.pass_fds, *pass_fds)
+        self.process = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, pass_fds=fds, preexec_fn=_child_setup(os.getpid()))
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
@@ -125,6 +131,10 @@ class Child:
                 pass
 
 
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def _exit_status(code: int | None) -> int:
     """A non-zero status for ``kiln serve`` from a child's return code (negative: a signal)."""
     if code is None or code == 0:
@@ -151,6 +161,13 @@ class Supervisor:
     health_url: str | None = None
     on_demand: dict[str, OnDemandGroup] = field(default_factory=dict)
     control: ControlEnd | None = None  # to the gateway, when there are on-demand models
+    ready_line: str | None = None  # what to try, printed after "ready" once the gateway says so
+    say: Callable[[str], None] = field(default_factory=lambda: _print)  # the console (stdout)
+    _progress: int | None = None  # read end of the workers' progress pipe
+    _progress_write: int | None = None  # its write end, kept open: restarted workers get it too
+    _partial: bytes = b""
+    _announced: bool = False  # the ready line is out
+    _started: float = 0.0
     _stopping: bool = False
     _ready: bool = False  # every worker has registered once
     _gateway_up: bool = False  # the gateway has answered /health once
@@ -161,6 +178,8 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._request_stop)
+        self._started = time.monotonic()
+        self._open_progress()
         self._start_gateway()
         for worker in self.workers:
             worker.start()
@@ -172,14 +191,47 @@ class Supervisor:
                 if code is not None:
                     return code
                 self._tend_on_demand()
-                if not self._ready:
+                if not (self._ready and self._announced):
                     self._probe()
                 self._wait(0.2)
         finally:
             self._stop_all()
             if self.control is not None:
                 self.control.close()
+            for fd in (self._progress, self._progress_write):
+                if fd is not None:
+                    os.close(fd)
         return 0
+
+    def _open_progress(self) -> None:
+        """One pipe for every worker's start-up lines (each line is written whole)."""
+        children = [*self.workers, *(w for g in self.on_demand.values() for w in g.workers)]
+        if not children:
+            return
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self._progress = read
+        for child in children:
+            child.argv = [*child.argv, "--progress-fd", str(write)]
+            child.pass_fds = (write,)
+        self._progress_write = write
+
+    def _read_progress(self) -> None:
+        """Print each worker's start-up line as ``kiln: worker-0: <message>``."""
+        assert self._progress is not None
+        try:
+            data = os.read(self._progress, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()[-65536:]
+        names = {c.process.pid: c.name for c in [*self.workers, *(w for g in self.on_demand.values() for w in g.workers)] if c.process is not None}
+        for line in lines:
+            try:
+                record = json.loads(line)
+                self.say(f"kiln: {names.get(record.get('pid'), 'worker')}: {record['msg']}")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
 
     def _start_gateway(self) -> None:
         """Start the gateway, with a fresh control channel when there are on-demand models."""
@@ -194,16 +246,20 @@ class Supervisor:
         self.control.child_started()
 
     def _wait(self, seconds: float) -> None:
-        """Sleep up to `seconds`, waking for the gateway's control messages and handling them."""
-        if self.control is None:
+        """Sleep up to `seconds`, waking for the gateway's control messages and the workers'
+        progress lines, and handling them."""
+        sources: list = [s for s in (self.control, self._progress) if s is not None]
+        if not sources:
             time.sleep(seconds)
             return
         try:
-            readable, _, _ = select.select([self.control], [], [], seconds)
+            readable, _, _ = select.select(sources, [], [], seconds)
         except (OSError, ValueError):  # closed under us
             time.sleep(seconds)
             return
-        if readable:
+        if self._progress is not None and self._progress in readable:
+            self._read_progress()
+        if self.control is not None and self.control in readable:
             for message in self.control.receive():
                 self._on_message(message)
 
@@ -266,13 +322,18 @@ class Supervisor:
             return
         self._gateway_up = True
         try:
-            ids = {w["id"] for w in json.loads(body).get("workers") or []}
+            health = json.loads(body)
+            ids = {w["id"] for w in health.get("workers") or []}
         except (ValueError, AttributeError, KeyError, TypeError):
             return
         self._seen |= ids
-        if len(self._seen) >= len(self.workers):
+        if not self._ready and len(self._seen) >= len(self.workers):
             self._ready = True
             log.info("started", extra={"workers": len(self._seen)})
+        if not self._announced and health.get("ready") is True:
+            self._announced = True
+            if self.ready_line is not None:
+                self.say(f"kiln: ready in {time.monotonic() - self._started:.0f} s — {self.ready_line}")
 
     def _tend_gateway(self) -> int | None:
         gateway = self.gateway
@@ -352,9 +413,10 @@ def health_url(host: str, port: int) -> str:
 
 def build(*, gateway_args: list[str], gateway_env: dict[str, str] | None = None, workers: list[tuple[str, list[str]]],
           worker_env: dict[str, str] | None = None, health_url: str,
-          on_demand: dict[str, list[tuple[str, list[str]]]] | None = None) -> Supervisor:  # fmt: skip
+          on_demand: dict[str, list[tuple[str, list[str]]]] | None = None, ready_line: str | None = None) -> Supervisor:  # fmt: skip
     """The supervisor of one gateway and its workers, each given as (name, kiln-worker argv);
-    `on_demand`: model id -> its workers, started only when the gateway asks."""
+    `on_demand`: model id -> its workers, started only when the gateway asks; `ready_line`: what
+    the console says to try once the gateway is ready."""
     python = sys.executable
     gateway = Child("gateway", [python, "-m", "kiln.gateway", *gateway_args], gateway_env)
     children = [Child(name, [python, "-m", "kiln.worker", *argv], worker_env) for name, argv in workers]
@@ -362,4 +424,4 @@ def build(*, gateway_args: list[str], gateway_env: dict[str, str] | None = None,
         model: OnDemandGroup(model, [Child(name, [python, "-m", "kiln.worker", *argv], worker_env) for name, argv in specs])
         for model, specs in (on_demand or {}).items()
     }
-    return Supervisor(gateway, children, health_url=health_url, on_demand=groups)
+    return Supervisor(gateway, children, health_url=health_url, on_demand=groups, ready_line=ready_line)

@@ -17,11 +17,14 @@ server error cannot fill the disk with copies of one traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Literal
 
@@ -101,6 +104,7 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str = "warning") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.setLevel(level.upper())  # so that a logger opened wider for progress_to() stays quiet here
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -131,3 +135,51 @@ def warn_secret_on_command_line(flag: str, instead: str) -> None:
         f"{flag} on the command line is visible to every local user (ps, /proc); use {instead}",
         extra={"flag": flag},
     )
+
+
+_PIPE_LINE = 4000  # bytes: under PIPE_BUF (4096 on Linux, 512 by POSIX), a write is whole
+
+
+class _PipeHandler(logging.Handler):
+    """One JSON line per record on a pipe (a line under PIPE_BUF is written whole, so the lines
+    of several processes sharing the pipe never mix); a reader that is gone or full is ignored."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(logging.INFO)
+        self.fd = fd
+        self.setFormatter(JsonFormatter())
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, False)  # a reader that stopped reading drops lines, never stalls the start
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            entry = json.loads(self.format(record))
+            entry["pid"] = record.process
+            line = json.dumps(entry, default=str)
+            if len(line.encode()) > _PIPE_LINE:  # over PIPE_BUF it could be split: keep what says what happened
+                line = json.dumps({k: entry[k] for k in ("ts", "level", "logger", "pid")} | {"msg": entry["msg"][:1000]})
+            os.write(self.fd, (line + "\n").encode())
+        except (OSError, ValueError):
+            pass
+
+
+@contextlib.contextmanager
+def progress_to(fd: int | None, logger: str) -> Iterator[None]:
+    """While the block runs, the info records of ``logger`` (and its children) also go to ``fd``
+    as JSON lines, whatever the log level: ``kiln serve`` shows a worker's start-up on its
+    console from them (model load, native build) while stderr stays as quiet as configured."""
+    if fd is None:
+        yield
+        return
+    target = logging.getLogger(logger)
+    handler = _PipeHandler(fd)
+    level = target.level
+    target.setLevel(min(logging.INFO, target.getEffectiveLevel()))
+    target.addHandler(handler)
+    try:
+        yield
+    finally:
+        target.removeHandler(handler)
+        target.setLevel(level)
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -26,6 +26,19 @@ if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _data_home(tmp_path_factory):
+    """``kiln serve`` keeps its sealing key in $XDG_DATA_HOME/kiln (kiln/state.py): the servers a
+    test run starts keep theirs in a folder of the run, never in the user's home."""
+    old = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("data-home"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = old
+
+
 @pytest.fixture(autouse=True)
 def _report_tasks_of_a_hang(request):
     """Shortly before pytest-timeout ends a hung run (its ``timeout`` in pyproject.toml), the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 import signal
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Any
 import click
 
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
-from kiln.protocol.logs import configure
+from kiln.protocol.logs import configure, progress_to
 from kiln.protocol.settings_fields import from_options, settings_options
 
 from .settings import WorkerSettings
@@ -51,7 +52,9 @@ def main(**options: Any) -> None:
     from .loading import ModelNotFoundError, UnsupportedModelError
 
     try:
-        server = build_server(settings)
+        with progress_to(settings.progress_fd, "kiln.worker"):
+            log.info("starting: Python %s on %s %s; importing the engine", platform.python_version(), platform.system(), platform.machine())
+            server = build_server(settings)
     except (ModelNotFoundError, UnsupportedModelError) as exc:
         # The user named a model we cannot serve: say why in one line, no traceback.
         log.critical("cannot load model: %s", exc)
@@ -87,6 +90,19 @@ def from_config(settings: WorkerSettings) -> WorkerSettings:
 _LAYOUTS = {"auto": None, "stock": False, "input-major": True}
 
 
+def served_names(settings: WorkerSettings) -> tuple[str, list[str]]:
+    """The model id and aliases this worker registers, known before it loads anything: its
+    registration (build_server) and ``kiln serve``, which tells the gateway beforehand, both ask
+    here."""
+    if settings.engine == "scripted":
+        return settings.model_id or "kiln-scripted", list(settings.model_alias)
+    from .loading import model_names
+
+    own, aliases = model_names(settings.model)
+    model_id = settings.model_id or own
+    return model_id, sorted(set(aliases) | set(settings.model_alias) | {own, model_id})
+
+
 def build_server(settings: WorkerSettings):
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
@@ -101,8 +117,8 @@ def build_server(settings: WorkerSettings):
         time.sleep(settings.scripted_load_delay)  # a slow load, for tests of bounded waits
         tokenizer = ByteTokenizer()
         scheduler = ScriptedScheduler(settings.scripted_reply, delay_s=settings.scripted_delay, capacity=settings.max_batch, queue_depth=settings.queue_depth)
-        model_id = settings.model_id or "kiln-scripted"
-        aliases, window = list(settings.model_alias), settings.context_length or 8192
+        model_id, aliases = served_names(settings)
+        window = settings.context_length or 8192
         constraints = Constraints(tokenizer)
     elif settings.engine == "upstream":
         from .upstream.setup import build_upstream
@@ -124,14 +140,17 @@ def build_server(settings: WorkerSettings):
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
         constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
+        log.info("preparing the engine (weight layout, kernels)")
         scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens))
-        model_id = settings.model_id or loaded.model_id
-        aliases = sorted(set(loaded.aliases) | set(settings.model_alias) | {loaded.model_id, model_id})
+        model_id, aliases = served_names(settings)
         window = loaded.context_window
         if settings.context_length:
             window = min(window, settings.context_length)
     extras = model_extras(tokenizer, settings.tool_parser, constraints)
     scheduler.start()
+    if settings.engine == "mlx":
+        scheduler.wait_set_up()  # register only once a request would be served at once
+        log.info("engine ready")
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
     discovery = None

@@ -49,3 +49,5 @@ class WorkerSettings:
     log_level: LogLevel = log_level_setting()
     worker_secret: str | None = setting(None, secret=True, help="The gateway's worker secret (ZeroMQ CURVE); without the right one the gateway never sees this worker.")
     worker_secret_file: str | None = setting(None, file=True, help="Read --worker-secret from this file, so it never shows in `ps`.")
+    # kiln serve's console (protocol/logs.py progress_to): never set by hand.
+    progress_fd: int | None = setting(None, min=0, help="Set by kiln serve: a pipe on which the worker reports its start-up (model load, native build) as JSON lines for kiln serve's console.")

@@ -195,7 +195,7 @@ async def _count(request: Request) -> Response:
         model = service.pool.require(body["model"])
         body["model"] = model
         history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(await service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
+        body["input"] = expand_items(await service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)))
         watch = DisconnectWatch(request)
         try:
             count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))

@@ -1,5 +1,12 @@
-"""``GET /health``: ready once at least one worker is registered, or, under ``kiln serve`` with
-on-demand models, as soon as it can start them (there is nothing to wait for before a request)."""
+"""``GET /health``: up once at least one worker is registered, or, under ``kiln serve`` with
+on-demand models, as soon as it can start them (there is nothing to wait for before a request).
+
+The status code is what load balancers and Kubernetes probes read (deploy/): 200 while this
+gateway can serve something. ``ready`` says more: every model the deployment starts with (the
+command line's, or the config's ``load = "always"`` ones) has had a worker register, so a request
+for any of them would be served; ``loading`` lists those still waiting for their first worker
+(their requests get 503 ``model_loading``). ``kiln serve`` prints its ready line on ``ready``.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,16 @@ from starlette.responses import JSONResponse, Response
 
 async def health(request: Request) -> Response:
     pool = request.app.state.pool
+    loader = request.app.state.loader
     workers = [
         {"id": w.info.worker_id, "model": w.info.model, "pid": w.info.pid, "rss_bytes": w.rss_bytes, "active": w.active, "queued": w.queued, "cache": w.cache}
         for w in pool.workers.values()
     ]
-    ready = bool(workers) or request.app.state.loader.can_load
-    status = 200 if ready else 503
+    up = bool(workers) or loader.can_load
+    loading = loader.loading()
+    status = 200 if up else 503
     # With --store redis the figures are the deployment's, and a Redis that is down shows as
     # "available": false without failing the check: requests that need no store still work.
     stores = await request.app.state.responses.stats()
-    return JSONResponse({"status": "ok" if ready else "no_workers", "workers": workers, "stores": stores}, status_code=status)
+    body = {"status": "ok" if up else "no_workers", "ready": up and not loading, "loading": loading, "workers": workers, "stores": stores}
+    return JSONResponse(body, status_code=status)

@@ -162,7 +162,7 @@ async def input_tokens(request: Request) -> Response:
         body["model"] = model
         history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
         own = service.unseal_items(await service.resolve_references(body["input"], _owner(request)))
-        body["input"] = expand_items(await service.reasoning_echo.restore(history + own, _owner(request)), service.sealer)
+        body["input"] = expand_items(await service.reasoning_echo.restore(history + own, _owner(request)))
         watch = DisconnectWatch(request)
         try:
             count = await while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))

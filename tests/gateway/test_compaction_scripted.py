@@ -4,6 +4,9 @@ bundled model through the same paths."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 import httpx
 import pytest
 
@@ -93,13 +96,30 @@ def test_history_longer_than_window_is_refused(client):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_forged_compaction_item_is_refused(client):
+def test_compaction_item_is_client_data(client):
+    """The spec: a compaction item's content "is not encrypted and is treated as client data, like
+    any input array". One the client wrote itself (or edited) is replayed; one that is not what a
+    compaction holds is refused with 400 naming it, in OpenAI's error shape."""
     body = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(6)}).json()
     item = next(i for i in body["output"] if i["type"] == "compaction")
-    head, mac = item["encrypted_content"].rsplit(".", 1)
-    for blob in (head[:-3] + "abc." + mac, "eyJzdW1tYXJ5IjogImhpIn0"):
-        r = client.post("/v1/responses", json={"model": MODEL, "input": [{**item, "encrypted_content": blob}, {"role": "user", "content": "x"}]})
-        assert r.status_code == 400
+    payload = json.loads(base64.urlsafe_b64decode(item["encrypted_content"] + "=" * (-len(item["encrypted_content"]) % 4)))
+    assert set(payload) == {"summary", "retained"}  # readable base64url JSON, as the spec says
+    own = {"summary": "The user likes red boxes.", "retained": [{"role": "user", "content": "Which box?"}]}
+    written = base64.urlsafe_b64encode(json.dumps(own).encode()).decode().rstrip("=")
+    for content in (item["encrypted_content"], written):
+        r = client.post("/v1/responses", json={"model": MODEL, "input": [{"type": "compaction", "encrypted_content": content}, {"role": "user", "content": "x"}], "max_output_tokens": 3})
+        assert r.status_code == 200, r.text
+    bad = [
+        "not base64 json!",
+        base64.urlsafe_b64encode(b'["a list"]').decode(),
+        base64.urlsafe_b64encode(json.dumps({"summary": 3}).encode()).decode(),
+        base64.urlsafe_b64encode(json.dumps({"summary": "s", "retained": [{"role": "robot", "content": "x"}]}).encode()).decode(),
+        base64.urlsafe_b64encode(json.dumps({"summary": "s", "retained": [{"type": "compaction", "encrypted_content": "x"}]}).encode()).decode(),
+    ]
+    for content in bad:
+        r = client.post("/v1/responses", json={"model": MODEL, "input": [{"type": "compaction", "encrypted_content": content}, {"role": "user", "content": "x"}]})
+        assert r.status_code == 400, (content, r.text)
+        assert r.json()["error"]["param"] == "input[0].encrypted_content"
         assert_error(r.json())
 
 

@@ -265,3 +265,57 @@ async def test_requests_load_the_model_and_the_listing_shows_its_capabilities(co
             assert (b["loaded"], b["status"], b["context_window"], b["capabilities"]["reasoning"]) == (False, "not_loaded", 1024, True)
     finally:
         await app.state.loader.stop()
+
+
+async def test_an_always_loaded_model_answers_loading_until_its_first_worker(tmp_path):
+    """A model the server starts with (``load = "always"``, or the command line's under kiln
+    serve) is loading until a first worker registers: 503 model_loading with Retry-After at once,
+    never 404 and never a wait; /health's ``loading`` lists it. A name nobody serves passes to the
+    pool (404)."""
+    path = tmp_path / "kiln.toml"
+    path.write_text('[[models]]\nid = "big"\nsource = "big.gguf"\naliases = ["large"]\n')
+    pool = FakePool()
+    launcher = FakeLauncher(pool)
+    loader = ModelLoader(load_config(path), pool, launcher, load_timeout_s=5.0)
+    await loader.start()
+    try:
+        for name in ("big", "large"):
+            with pytest.raises(ApiError) as refused:
+                await bounded(loader.ensure(name))
+            assert (refused.value.status, refused.value.code, refused.value.headers["Retry-After"]) == (503, "model_loading", "5")
+        assert loader.loading() == ["big"] and loader.status(loader.entry("big")) == "loading"
+        assert launcher.sent == []  # nothing to start: kiln serve started its workers
+        await bounded(loader.ensure("unknown"))  # the pool's 404, as before
+        await launcher.register("big")
+        await bounded(loader.ensure("large"))
+        assert loader.loading() == [] and loader.status(loader.entry("big")) == "loaded"
+    finally:
+        await loader.stop()
+
+
+async def test_hosted_and_local_gateways_answer_loading_in_each_doors_shape(tmp_path):
+    """An always-loaded model before its first worker, through the app: OpenAI's error shape on
+    /v1/responses (hosted mode too: after the key and catalog checks), Anthropic's on
+    /v1/messages, 503 + Retry-After on both; /health up but not ready; a stranger stays 404."""
+    from tests.gateway.inprocess import hosted_app
+
+    path = tmp_path / "kiln.toml"
+    path.write_text('[[models]]\nid = "big"\nsource = "big.gguf"\n')
+    local = create_app(Settings(config_path=str(path)), pool=FakePool())
+    hosted, _, key = await hosted_app(tmp_path)
+    # hosted_app takes no --config: its loader is the one a --config gateway builds.
+    hosted.state.loader = ModelLoader(load_config(path), hosted.state.pool, None, load_timeout_s=5.0)
+    try:
+        for app, headers in ((local, {}), (hosted, {"Authorization": f"Bearer {key}"})):
+            async with client_for(app) as client:
+                r = await client.post("/v1/responses", json={"model": "big", "input": "hi"}, headers=headers)
+                assert (r.status_code, r.headers["retry-after"], r.json()["error"]["code"]) == (503, "5", "model_loading"), r.text
+                assert_error(r.json())
+                m = await client.post("/v1/messages", json={"model": "big", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, headers=headers)
+                assert m.status_code == 503 and m.headers["retry-after"] == "5", m.text
+                assert m.json()["type"] == "error" and m.json()["error"]["type"] == "overloaded_error" and "loading" in m.json()["error"]["message"]
+                assert (await client.post("/v1/responses", json={"model": "nope", "input": "hi"}, headers=headers)).status_code == 404
+                health = await client.get("/health")
+                assert health.status_code == 200 and health.json()["ready"] is False and health.json()["loading"] == ["big"]
+    finally:
+        await hosted.state.accounts.close()

@@ -108,3 +108,24 @@ def test_tool_loop_replays_call_and_output(calling):
         assert r.status_code == 200, r.text
         count = c.post("/v1/responses/input_tokens", json={"model": MODEL, "input": follow, "tools": tools}).json()
         assert count["input_tokens"] > 0
+
+
+def test_encrypted_reasoning_is_opaque_and_round_trips(tmp_path):
+    """--encrypt-reasoning (the hosted operator's choice): the blob is AES-GCM (``kiln2.``), the
+    reasoning cannot be read from it, it replays, and a changed byte is refused with 400."""
+    server = Kiln(tmp_path, gateway_args=["--encrypt-reasoning"], worker_args=["--engine", "scripted", "--scripted-reply", THINKING]).start(timeout=60)
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            first = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "include": ["reasoning.encrypted_content"], "store": False}).json()
+            reasoning = first["output"][0]
+            blob = reasoning["encrypted_content"]
+            assert blob.startswith("kiln2.") and "greets" not in blob
+            assert_response(first)
+            carried = {"type": "reasoning", "summary": [], "encrypted_content": blob}  # the blob alone, as Codex carries it
+            ok = c.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "hi"}, carried, first["output"][1], {"role": "user", "content": "again"}]})
+            assert ok.status_code == 200, ok.text
+            tampered = {**carried, "encrypted_content": blob[:-3] + ("A" if blob[-3] != "A" else "B") + blob[-2:]}
+            bad = c.post("/v1/responses", json={"model": MODEL, "input": [tampered, {"role": "user", "content": "x"}]})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[0].encrypted_content"
+    finally:
+        server.stop()

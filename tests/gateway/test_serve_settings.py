@@ -5,11 +5,14 @@ daemon's own command."""
 
 from __future__ import annotations
 
+import shutil
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+import kiln.cli
 import kiln.supervisor
 from kiln.cli import main as kiln_main
 from kiln.gateway.cli import main as gateway_main
@@ -30,9 +33,22 @@ class Recorded:
         return 0
 
 
+_RUNTIME_DIRS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _runtime_dirs():
+    """kiln serve removes its runtime folder (socket, generated models.toml) when it returns; here
+    it stays until the test has parsed the children's command lines, which name the file."""
+    yield
+    while _RUNTIME_DIRS:
+        shutil.rmtree(_RUNTIME_DIRS.pop(), ignore_errors=True)
+
+
 def serve(monkeypatch, args: list[str], env: dict[str, str] | None = None) -> tuple[Any, str]:
     calls: list[Recorded] = []
     monkeypatch.setattr(kiln.supervisor, "build", lambda **kw: calls.append(Recorded(**kw)) or calls[-1])
+    monkeypatch.setattr(kiln.cli, "shutil", SimpleNamespace(rmtree=lambda path, **kw: _RUNTIME_DIRS.append(path)))
     result = CliRunner().invoke(kiln_main, ["serve", *args], env={**{k: None for k in SETTING_VARS}, **(env or {})})
     return (calls[0] if calls else None), result.output + (str(result.exception) if result.exit_code not in (0, 2) else "")
 

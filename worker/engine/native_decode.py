@@ -209,6 +209,7 @@ class NativeDecoder:
         if any(layer is None for layer in layers):
             return None
         int8_first = head.kernel.int8 and os.environ.get(ACTIVATIONS_ENV, "int8").strip().lower() != "float32"
+        log.info("checking the native decode pass (%s build) against mlx", head.kernel.variant)
         for int8 in (True, False) if int8_first else (False,):
             decoder = cls(model, layers, head, int8)
             if decoder._matches(model):

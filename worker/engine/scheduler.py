@@ -94,6 +94,7 @@ class Scheduler:
         # Built on the engine thread (see _run), which then is the only one running the native
         # kernels: libgomp throttles its thread pools once a second thread has used them.
         self._native: NativeDecoder | None = None
+        self._set_up = threading.Event()  # the engine thread has built (or given up on) the native pass
         self.speculation = speculation or Speculation()
         self._decode_stats = DecodeStats()
         self._batch = self._new_batch()
@@ -106,6 +107,12 @@ class Scheduler:
             return
         self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
         self._thread.start()
+
+    def wait_set_up(self, timeout: float | None = None) -> bool:
+        """Wait until the engine thread's set-up (the native decode pass: its build and its check
+        against mlx, tens of seconds on a busy machine) is done, so that a request is served at
+        once: the worker registers only then, and ``kiln serve`` says "ready" only then."""
+        return self._set_up.wait(timeout)
 
     def submit(self, req: EngineRequest) -> int:
         """Queue a request; its steps arrive through req.on_step. Returns its handle."""
@@ -163,7 +170,10 @@ class Scheduler:
 
     def _run(self) -> None:
         claim_team()  # before the build check's passes: only this thread opens native teams
-        self._native = self._batch.native = NativeDecoder.build(self._model)
+        try:
+            self._native = self._batch.native = NativeDecoder.build(self._model)
+        finally:
+            self._set_up.set()
         try:
             while True:
                 with self._cv:

@@ -74,10 +74,33 @@ def _model_id_for(path: Path) -> str:
     return name.lower()
 
 
+def _size(path: Path) -> int:
+    """Bytes of a model file, or of the files of a model folder (0 where it cannot be read)."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _hub_id(model: str):
     from .hub import parse_hub_id
 
     return parse_hub_id(model)
+
+
+def model_names(model: str | None) -> tuple[str, list[str]]:
+    """The id and aliases ``load_model(model)`` serves the model under, found without reading it:
+    ``kiln serve`` tells the gateway the names before the worker has loaded (503 "loading" for
+    them, not 404)."""
+    if model is None:
+        return BUNDLED_MODEL_ID, [BUNDLED_MODEL_ID]
+    path = Path(model).expanduser()
+    hub = None if path.exists() else _hub_id(model)
+    if hub is None:
+        return _model_id_for(path), [_model_id_for(path)]
+    return hub.model_id, sorted({hub.model_id, hub.model_id.lower(), hub.repo.split("/", 1)[1].lower()})
 
 
 def locate_model(model: str | None) -> tuple[Path, str, list[str]]:
@@ -85,18 +108,16 @@ def locate_model(model: str | None) -> tuple[Path, str, list[str]]:
     path, else a hub id resolved in the Hugging Face cache. Shared by the weight loader and the
     upstream engine's tokenizer loader (worker/upstream/tokenizer_source.py), so a model is
     named the same way whichever engine runs it."""
+    model_id, aliases = model_names(model)
     if model is None:
-        return bundled_model_path(), BUNDLED_MODEL_ID, [BUNDLED_MODEL_ID]
+        return bundled_model_path(), model_id, aliases
     path = Path(model).expanduser()
-    model_id = _model_id_for(path)
     hub = None if path.exists() else _hub_id(model)
-    if hub is None:
-        return path, model_id, [model_id]
-    from .hub import resolve
+    if hub is not None:
+        from .hub import resolve
 
-    path = resolve(hub)  # HubModelError (a ModelNotFoundError) names the cache
-    model_id = hub.model_id
-    return path, model_id, sorted({model_id, model_id.lower(), hub.repo.split("/", 1)[1].lower()})
+        path = resolve(hub)  # HubModelError (a ModelNotFoundError) names the cache
+    return path, model_id, aliases
 
 
 def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
@@ -113,7 +134,8 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
 
     path, model_id, aliases = locate_model(model)
     started = time.perf_counter()
-    log.info("loading model %s from %s (weights=%s)", model_id, path, weights)
+    size = _size(path)
+    log.info("loading model %s from %s (%.1f MB, weights=%s)", model_id, path, size / 1e6, weights, extra={"bytes": size})
     if path.is_file() and path.suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
@@ -169,4 +191,5 @@ __all__ = [
     "bundled_model_path",
     "load_model",
     "locate_model",
+    "model_names",
 ]
