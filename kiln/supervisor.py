@@ -266,7 +266,7 @@ class Supervisor:
             return
         self._gateway_up = True
         try:
-            ids = {w["id"] for w in json.loads(body).get("workers") or []}
+            ids = {w["tag"] for w in json.loads(body).get("workers") or []}
         except (ValueError, AttributeError, KeyError, TypeError):
             return
         self._seen |= ids

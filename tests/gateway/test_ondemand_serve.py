@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conformance import assert_error, assert_model_list
-from tests.support import Kiln, free_port, wait_until
+from tests.support import Kiln, free_port, wait_until, worker_pids
 
 LOAD_BOUND_S = 180  # a worker process start on a busy 2-core machine, with room to spare
 
@@ -67,7 +67,7 @@ class Serve:
             return []
 
     def pids(self, model: str) -> list[int]:
-        return [w["pid"] for w in self.workers() if w["model"] == model]
+        return worker_pids(self.proc.pid, model) if any(w["model"] == model for w in self.workers()) else []
 
     def status(self) -> dict[str, str]:
         listed = httpx.get(self.base + "/v1/models", timeout=5).json()
