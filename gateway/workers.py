@@ -482,13 +482,13 @@ class WorkerPool:
         ``limits`` bound the usage the worker may report; by default they follow from the message
         (a Generate's max_output_tokens, a Compact's) and the worker's context window.
         """
-        frame = encode(message)
-        channel = Channel(req_id, worker, limits or UsageLimits.for_message(worker.info, message, len(frame)))
+        # The frame's size bounds the prompt (msgpack runs at memory speed: encoding it once
+        # more here is cheap beside tokenizing it).
+        channel = Channel(req_id, worker, limits or UsageLimits.for_message(worker.info, message, len(encode(message))))
         self.channels[req_id] = channel
         worker.inflight.add(req_id)
         worker.routed += 1
-        assert self._sock is not None
-        await self._sock.send_multipart([worker.identity, frame])
+        await self._send(worker.identity, message)
         return channel
 
     def close(self, channel: Channel, *, cancel: bool) -> None:

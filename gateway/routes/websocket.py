@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable
+from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable, socket_principal
 from ..admission import OpenTicket, Ticket
 from ..body import parse_json_bytes
 from ..errors import ApiError, invalid
@@ -261,8 +261,26 @@ class Session:
         log.info("websocket continuation", extra={"connection": self.id, "previous_response_id": previous, "from": "store"})
         return None
 
+    async def _recheck(self) -> bool:
+        """In hosted mode, what the upgrade checked, again before each turn: a revoked key (401)
+        or maintenance (503) ends the socket with its error frame, as a refused upgrade would
+        have; the organization's other state (credits, concurrency limit) comes fresh with the
+        principal, for admission."""
+        accounts = self.ws.app.state.accounts
+        if accounts is None:
+            return True
+        try:
+            self.principal = await socket_principal(accounts, self.ws.scope)
+        except ApiError as error:
+            await self._close_with(error, 1008 if error.status in (401, 403) else 1013)
+            self.gone.set()
+            return False
+        return True
+
     async def _turn(self, frame: str | bytes) -> None:
         previous: str | None = None
+        if not await self._recheck():
+            return
         try:
             body, generate = self._request(frame)
             previous = body.get("previous_response_id") if isinstance(body.get("previous_response_id"), str) else None

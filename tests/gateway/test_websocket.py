@@ -212,6 +212,48 @@ async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_i
                 client.portal.call(slot.release)
 
 
+def _closed_with(ws) -> int:
+    """The close code the server ends the socket with (after the frames already read)."""
+    message = ws.receive()
+    assert message["type"] == "websocket.close", message
+    return message["code"]
+
+
+async def test_hosted_socket_stops_at_the_first_turn_after_its_key_is_revoked(tmp_path):
+    """Issue 30 B: the key is checked on every turn, not only on the upgrade."""
+    import time
+
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()
+    db = sqlite3.connect(tmp_path / "accounts.db")
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            db.execute("update api_keys set revoked = 1")  # what `kiln keys revoke` does
+            db.commit()
+            time.sleep(app.state.settings.auth_cache_ttl + 0.5)  # the auth cache's bound
+            frame = _turn(ws, input="hi", store=False)[-1]
+            assert_ws_error(frame)
+            assert frame["status"] == 401 and frame["error"]["code"] == "invalid_api_key"
+            assert _closed_with(ws) == 1008
+    rows = db.execute("select status from usage_events").fetchall()
+    assert [r[0] for r in rows] == ["completed"], rows  # the refused turn ran nothing and cost nothing
+
+
+async def test_hosted_socket_stops_at_the_first_turn_in_maintenance(tmp_path):
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            r = client.post("/admin/maintenance", json={"on": True, "retry_after": 30}, headers={"authorization": "Bearer admin-secret"})
+            assert r.status_code == 200, r.text
+            frame = _turn(ws, input="hi", store=False)[-1]
+            assert_ws_error(frame)
+            assert frame["status"] == 503
+            assert _closed_with(ws) == 1013
+
+
 def test_codex_config_turns_websockets_on_and_says_how_to_turn_it_off(tmp_path):
     import tomllib
 
