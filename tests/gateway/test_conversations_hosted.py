@@ -62,3 +62,32 @@ async def test_store_none_has_no_conversations(tmp_path):
         r = await bounded(c.post("/v1/conversations", json={}))
     assert r.status_code == 404
     assert_error(r.json())
+
+
+async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tmp_path):
+    """Issue 30 D: with --store none a `conversation` is refused as `previous_response_id` is, so
+    no transcript of an organization's prompts is kept, and none can be read or wiped by another."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+    from kiln.gateway.history import conversation_key
+
+    app = create_app(Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="none"), pool=FakePool())
+    accounts = app.state.accounts
+    await accounts.open()
+    keys = []
+    for org in ("acme", "globex"):
+        await create_org(accounts.db, org, credits_usd=10)
+        keys.append((await create_key(accounts.db, org)).key)
+    a, g = ({"Authorization": f"Bearer {k}"} for k in keys)
+    try:
+        async with client_for(app) as c:
+            r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "the merger closes Friday", "conversation": "conv_plan"}, headers=a))
+            assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter" and r.json()["error"]["param"] == "conversation", r.text
+            assert_error(r.json())
+            org_id = (await accounts.auth.authenticate(f"Bearer {keys[0]}", None, require_credits=False)).org_id
+            assert await app.state.responses.conversations.get(conversation_key("conv_plan", org_id)) is None
+            assert (await bounded(c.delete("/v1/conversations/conv_plan", headers=g))).status_code == 404
+            assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi", "conversation": "conv_plan"}, headers=g))).status_code == 400
+            assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=a))).status_code == 200
+    finally:
+        await accounts.close()
