@@ -91,5 +91,8 @@ class Settings:
     # answers the upgrade with 426 so clients fall back to HTTP.
     websocket: Literal["on", "off"] = setting("on", help="WebSocket mode on /v1/responses; off answers the upgrade with 426 so clients use HTTP.")
     websocket_max_connections: int = 256  # sockets open at once; beyond, the upgrade gets 503
+    # Sockets one organization may hold open (hosted mode); beyond, its upgrade gets 429, so one
+    # tenant's idle sockets cannot take the whole server's.
+    websocket_max_connections_per_org: int = 32
     websocket_max_age_s: float = 3600.0  # a connection's lifetime (OpenAI's 60 minutes)
     websocket_ping_interval_s: float = 20.0  # server pings keep idle sockets through proxies

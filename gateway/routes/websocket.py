@@ -39,6 +39,7 @@ log = logging.getLogger("kiln.gateway.websocket")
 
 PENDING_LIMIT = 32  # turns a client may queue behind the running one before it is cut off
 _OPEN_KEY = "websockets_open"
+_BY_ORG_KEY = "websockets_open_by_org"  # organization -> its sockets open (hosted mode)
 
 
 def error_frame(error: ApiError) -> dict[str, Any]:
@@ -75,11 +76,24 @@ async def responses_socket(ws: WebSocket) -> None:
     if settings.websocket_max_connections and open_now >= settings.websocket_max_connections:
         await _deny(ws, ApiError(503, "The server has as many WebSocket connections open as it allows; retry shortly or use HTTP.", code="server_is_overloaded", headers={"Retry-After": "1"}))
         return
+    org = getattr(ws.scope.get(PRINCIPAL_SCOPE_KEY), "org_id", None)
+    by_org: dict[Any, int] = getattr(state, _BY_ORG_KEY, None) or {}
+    setattr(state, _BY_ORG_KEY, by_org)
+    per_org = settings.websocket_max_connections_per_org
+    if org is not None and per_org and by_org.get(org, 0) >= per_org:
+        await _deny(ws, ApiError(429, f"Your organization has {per_org} WebSocket connections open, the most it may; close one or use HTTP.", code="rate_limit_exceeded"))
+        return
     setattr(state, _OPEN_KEY, open_now + 1)
+    if org is not None:
+        by_org[org] = by_org.get(org, 0) + 1
     try:
         await Session(ws).run()
     finally:
         setattr(state, _OPEN_KEY, getattr(state, _OPEN_KEY, 1) - 1)
+        if org is not None:
+            by_org[org] -= 1
+            if not by_org[org]:
+                del by_org[org]
 
 
 class ClientGone(Exception):

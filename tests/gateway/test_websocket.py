@@ -7,6 +7,7 @@ The real SDK against real processes is in tests/e2e/test_websocket_real_model.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
@@ -210,6 +211,30 @@ async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_i
             assert client.portal.call(limiter.in_flight, org_id) == limit - 1  # the turn's slot went back
             for slot in held:
                 client.portal.call(slot.release)
+
+
+async def test_one_orgs_sockets_never_lock_out_another_org(tmp_path):
+    """Issue 30 tenants 2: an organization holding its share of sockets gets 429 on its next
+    upgrade; another organization's upgrade still opens (the cap was global: it got 503)."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    app, _, key = await hosted_app(tmp_path)
+    app.state.settings = dataclasses.replace(app.state.settings, websocket_max_connections=3, websocket_max_connections_per_org=2)
+    await create_org(app.state.accounts.db, "globex", credits_usd=10)
+    other = (await create_key(app.state.accounts.db, "globex")).key
+    await app.state.accounts.close()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        acme = {"authorization": f"Bearer {key}"}
+        with client.websocket_connect(URL, headers=acme), client.websocket_connect(URL, headers=acme):
+            with pytest.raises(WebSocketDenialResponse) as denied:
+                with client.websocket_connect(URL, headers=acme):
+                    pass
+            assert denied.value.status_code == 429 and denied.value.json()["error"]["code"] == "rate_limit_exceeded"
+            with client.websocket_connect(URL, headers={"authorization": f"Bearer {other}"}) as ws:
+                assert_ws_turn(_turn(ws, input="hi", store=False))
+        with client.websocket_connect(URL, headers=acme) as ws:  # closed sockets count no more
+            assert_ws_turn(_turn(ws, input="hi", store=False))
 
 
 def _closed_with(ws) -> int:
