@@ -82,6 +82,22 @@ class HostedTicket:
                 return None
         return self.event.cost_usd if self.event is not None else None
 
+    async def cover(self, body: Mapping[str, Any], window: int) -> None:
+        """Extend the reservation to ``body`` as it will be sent (history, conversation, socket
+        state and item references expanded), before any work: admission only saw the request's
+        own body, and a short body continuing a long transcript costs the transcript. 402 when
+        the balance is not above zero for the difference."""
+        if self._settled:  # a token count's ticket: nothing reserved, nothing to extend
+            return
+        inp, out = _reservation_tokens(body, window)
+        assert self.accounts.meter is not None
+        extra = self.accounts.meter.price_nanos(self.model, inp, out) - self.reserved_nanos
+        if extra <= 0:
+            return
+        if not await self.accounts.top_up(self.generation_id, self.principal.org_id, extra):
+            raise _no_credits()
+        self.reserved_nanos += extra
+
     async def close(self) -> None:
         """A request that ended without a settlement is recorded as an error (unbilled)."""
         if not self._settled:
