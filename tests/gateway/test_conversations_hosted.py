@@ -91,3 +91,29 @@ async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tm
             assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=a))).status_code == 200
     finally:
         await accounts.close()
+
+
+async def test_one_orgs_conversations_never_evict_anothers(tmp_path):
+    """Issue 30 tenants 3: an organization creating conversations far past its share of the store
+    loses its own oldest; another organization's conversation is still there (it was evicted: 404)."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="memory", conversation_store_max_entries=8, conversation_store_max_bytes=64 << 10)
+    app = create_app(settings, pool=FakePool())
+    accounts = app.state.accounts
+    await accounts.open()
+    keys = []
+    for org in ("acme", "globex"):
+        await create_org(accounts.db, org, credits_usd=10)
+        keys.append((await create_key(accounts.db, org)).key)
+    a, g = ({"Authorization": f"Bearer {k}"} for k in keys)
+    try:
+        async with client_for(app) as c:
+            mine = (await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "keep me"}]}, headers=g))).json()["id"]
+            for i in range(40):
+                r = await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": f"flood {i} " + "x" * 1000}]}, headers=a))
+                assert r.status_code == 200, r.text
+            assert (await bounded(c.get(f"/v1/conversations/{mine}", headers=g))).status_code == 200
+    finally:
+        await accounts.close()
