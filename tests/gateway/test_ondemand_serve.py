@@ -214,7 +214,7 @@ load = "on-demand"
         # The worker reports its resident memory (what a budget counts for a model without `memory`).
         worker = lambda: httpx.get(base + "/health", timeout=5).json()["workers"][0]  # noqa: E731
         assert wait_until(lambda: worker()["rss_bytes"] > 0, 30)
-        with open(f"/proc/{worker()['pid']}/status") as f:
+        with open(f"/proc/{kiln.worker_procs[0].process.pid}/status") as f:
             vm_rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
         assert 0.5 < worker()["rss_bytes"] / vm_rss < 2
     finally:
