@@ -34,6 +34,10 @@ class Ticket(Protocol):
         """Release what admission took; an unsettled ticket is recorded as an error."""
         ...
 
+    async def cover(self, body: Mapping[str, Any], window: int) -> None:
+        """Extend the reservation to the expanded ``body`` before any work (402 when it cannot)."""
+        ...
+
 
 class OpenTicket:
     """Local mode: nothing is reserved, held or billed."""
@@ -50,6 +54,9 @@ class OpenTicket:
         return None
 
     async def close(self) -> None:
+        return None
+
+    async def cover(self, body: Mapping[str, Any], window: int) -> None:
         return None
 
 

@@ -69,7 +69,7 @@ def checked(settings: Settings) -> Settings:
         if problem:
             raise click.BadParameter(problem, param_hint="--supervisor-fd")
     token = admin_token(settings.admin_token, settings.admin_token_file)
-    secret = worker_secret(settings.workers_bind, settings.worker_secret, settings.worker_secret_file)
+    secret = worker_secret(settings.workers_bind, settings.worker_secret, settings.worker_secret_file, settings.allow_unauthenticated_workers)
     return replace(settings, admin_token=token, admin_token_file=None, worker_secret=secret, worker_secret_file=None)
 
 
@@ -95,8 +95,9 @@ def admin_token(token: str | None, token_file: str | None) -> str | None:
     return token or None
 
 
-def worker_secret(workers_bind: str, value: str | None, path: str | None) -> str | None:
-    """The worker secret, checked; refuses a worker socket other hosts can reach without one."""
+def worker_secret(workers_bind: str, value: str | None, path: str | None, allow_unauthenticated: bool = False) -> str | None:
+    """The worker secret, checked; refuses a worker socket other hosts can reach without one, and
+    any other without one unless the operator allowed unauthenticated workers."""
     from kiln.protocol.security import SecretError, is_local_endpoint, load_secret
 
     try:
@@ -108,6 +109,12 @@ def worker_secret(workers_bind: str, value: str | None, path: str | None) -> str
             f"--workers-bind {workers_bind} can be reached from other hosts, and without a worker secret any "
             "process there could register as a worker. Set --worker-secret-file (or KILN_WORKER_SECRET) on the "
             "gateway and on every worker, or bind a loopback (tcp://127.0.0.1:PORT) or ipc:// address."
+        )
+    if secret is None and not allow_unauthenticated:
+        raise click.UsageError(
+            "without a worker secret any local process could register as a worker, read every request and "
+            "report usage. Set --worker-secret-file (or KILN_WORKER_SECRET) on the gateway and on every worker "
+            "(`kiln serve` does this for its own workers), or pass --allow-unauthenticated-workers."
         )
     return secret
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +20,15 @@ from .workers import Channel, NoWorker, WorkerHandle, WorkerPool, routing_key
 
 # The code of a worker's refusal when its batch and queue are full (or its preparation queue).
 OVERLOADED = "server_is_overloaded"
+
+
+def cache_scope(owner: Any) -> str | None:
+    """The worker prefix cache's scope for ``owner``'s requests: one per organization in hosted
+    mode (None, one shared cache, when auth is off). Derived here and never from the body, so no
+    client can step into another's scope; a digest, so the worker's logs name no organization."""
+    if owner is None:
+        return None
+    return hashlib.sha256(f"kiln cache scope {owner}".encode()).hexdigest()[:32]
 
 
 class GenerationFailed(Exception):
@@ -84,6 +95,7 @@ class Generation:
         if self.done_without_worker:
             return
         request = worker_request(self.body, self.wire_input)  # a bad value: 400 before anything is sent
+        request = dataclasses.replace(request, cache_scope=cache_scope(self.owner))
         cache_key = routing_key(self.body)
         try:
             worker = self.pool.pick(self.model, cache_key)

@@ -75,6 +75,15 @@ async def expand(body: dict, *, store: ResponseStore | None, jobs: JobBoard, con
             raise invalid("'previous_response_id' needs the response store, which is disabled on this server.", param="previous_response_id")
         return await previous_history(previous, store, jobs, owner)
     if conv is not None:
+        if store_mode == "none":
+            # The store-less contract keeps nothing, transcripts included (a transcript kept here
+            # would hold a tenant's prompts past its request and be a target for the others).
+            raise ApiError(
+                400,
+                "'conversation' is not supported: conversations are not stored on this gateway. Send the full conversation in 'input'.",
+                code="unsupported_parameter",
+                param="conversation",
+            )
         if not conversations.enabled:
             raise invalid("'conversation' needs the conversation store, which is disabled on this server.", param="conversation")
         return await conversations.transcript(conversation_key(conv, owner))

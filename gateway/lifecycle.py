@@ -71,7 +71,11 @@ class ResponseRun:
         return self.generation.response
 
     async def start(self) -> None:
-        """Compaction phase, then a worker; raises ApiError when the response cannot start."""
+        """Compaction phase, then a worker; raises ApiError when the response cannot start.
+
+        First the ticket's reservation is extended to the input as expanded (402 otherwise)."""
+        generation = self.generation
+        await self.ticket.cover(generation.body, self.service.pool.context_window(generation.model) or 0)
         await self.service.start_foreground(self.generation)
 
     def events(self) -> AsyncIterator[dict[str, Any]]:

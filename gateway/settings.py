@@ -81,6 +81,9 @@ class Settings:
     # ZeroMQ, allowed only on loopback or ipc:// addresses.
     worker_secret: str | None = setting(None, secret=True, help="Shared secret workers must hold to connect (ZeroMQ CURVE, encrypted). Required for a --workers-bind other hosts can reach.")
     worker_secret_file: str | None = setting(None, file=True, help="Read --worker-secret from this file, so it never shows in `ps`.")
+    # Without a secret any local process could register as a worker, read every tenant's prompts
+    # and report usage: only an operator who says so runs that way (gateway/cli.py).
+    allow_unauthenticated_workers: bool = setting(False, help="Accept workers without a worker secret (plain ZeroMQ, loopback or ipc:// only): any local process could then serve, read and bill requests.")
     # The HTTP edge (gateway/edge.py): body deadline, concurrent-request cap, Host and Origin rules.
     body_timeout_s: float = setting(30.0, flag="--body-timeout", min=0, help="Seconds a request body may take to arrive; slower ones get 408 and the connection is closed. 0: no bound.")
     body_buffer_bytes: int = setting(256 << 20, min=0, help="Bytes of request bodies still arriving, over all requests; a chunk past it gets 503 with Retry-After. 0: no bound.")
@@ -93,5 +96,8 @@ class Settings:
     # answers the upgrade with 426 so clients fall back to HTTP.
     websocket: Literal["on", "off"] = setting("on", help="WebSocket mode on /v1/responses; off answers the upgrade with 426 so clients use HTTP.")
     websocket_max_connections: int = 256  # sockets open at once; beyond, the upgrade gets 503
+    # Sockets one organization may hold open (hosted mode); beyond, its upgrade gets 429, so one
+    # tenant's idle sockets cannot take the whole server's.
+    websocket_max_connections_per_org: int = 32
     websocket_max_age_s: float = 3600.0  # a connection's lifetime (OpenAI's 60 minutes)
     websocket_ping_interval_s: float = 20.0  # server pings keep idle sockets through proxies

@@ -180,7 +180,7 @@ def normalize_input(value: Any) -> list[dict]:
         if kind is None and "role" in item:
             item = {**item, "type": "message"}
             kind = "message"
-        if kind not in INPUT_ITEM_TYPES:
+        if not isinstance(kind, str) or kind not in INPUT_ITEM_TYPES:  # a list or map hashes not
             raise invalid(f"Invalid value for '{param}.type': {kind!r} is not a supported input item type.", param=f"{param}.type")
         if kind == "message":
             _check_message(item, param)
@@ -201,7 +201,7 @@ def normalize_input(value: Any) -> list[dict]:
 
 def _check_message(item: dict, param: str) -> None:
     role = item.get("role")
-    if role not in MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
         raise invalid(
             f"Invalid value for '{param}.role': {role!r}; expected one of user, assistant, system, developer.",
             param=f"{param}.role",
@@ -218,7 +218,7 @@ def _check_message(item: dict, param: str) -> None:
         kind = part.get("type")
         if kind in ("input_image", "input_file", "input_audio"):
             raise invalid(f"'{p}.type' {kind!r} is not supported: this model takes text only.", param=f"{p}.type")
-        if kind not in CONTENT_PART_TYPES:
+        if not isinstance(kind, str) or kind not in CONTENT_PART_TYPES:
             raise invalid(f"Invalid value for '{p}.type': {kind!r} is not a supported content part type.", param=f"{p}.type")
         field = "refusal" if kind == "refusal" else "text"
         if not isinstance(part.get(field), str):
@@ -235,7 +235,7 @@ def _check_tools(body: dict, hosted_tools: str) -> list[dict]:
         if not isinstance(tool, dict):
             raise invalid(f"Invalid type for '{param}': expected an object.", param=param)
         kind = tool.get("type")
-        if kind in HOSTED_TOOL_TYPES:
+        if isinstance(kind, str) and kind in HOSTED_TOOL_TYPES:
             if hosted_tools == "drop":
                 continue
             raise invalid(
@@ -295,7 +295,7 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
         kind = choice.get("type")
         if kind == "function":
             name = choice.get("name")
-            if name not in function_names(tools):
+            if not isinstance(name, str) or name not in function_names(tools):
                 raise invalid(f"'tool_choice' names function {name!r}, which is not among the declared tools.", param="tool_choice")
             return choice
         if kind == "allowed_tools":
@@ -307,7 +307,7 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
             if parsed.mode == "required" and not set(parsed.allowed or ()) & function_names(tools):
                 raise invalid("'tool_choice' is 'allowed_tools' in 'required' mode, but none of its tools is a declared function.", param="tool_choice")
             return choice
-        if kind in HOSTED_TOOL_TYPES:
+        if isinstance(kind, str) and kind in HOSTED_TOOL_TYPES:  # a list or map is no type name
             raise invalid(f"'tool_choice' type {kind!r} is not supported.", param="tool_choice")
     raise invalid("Invalid value for 'tool_choice'.", param="tool_choice")
 

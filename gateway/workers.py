@@ -12,10 +12,15 @@ of its load is that, or its own in-flight requests plus ``others``, whichever is
 (``WorkerHandle.load``). Routing by key is rendezvous hashing over worker ids (routing.py), so
 every replica sends a conversation to the same worker.
 
+A worker's identity on the wire is the routing id the ROUTER gave its connection, never one it
+chose: a Register naming a worker id another live connection holds is ignored, so a process
+claiming a worker's id (or pid) can neither take over its requests nor evict it.
+
 Nothing a worker reports is taken on trust: with a worker secret only workers holding it can
 connect at all (CURVE, see kiln.protocol.security and worker_auth.py), and a connected worker whose
-report is impossible for the request it answers (usage beyond the request's limits, negative or
-non-integer counts) is dropped like a dead one, so it cannot bill a tenant for work never done.
+report is impossible for the request it answers (usage beyond the request's limits: input beyond
+the bytes the gateway sent plus a template's allowance, output beyond max_output_tokens; negative
+or non-integer counts) is dropped like a dead one, so it cannot bill a tenant for work never done.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from kiln.protocol.security import derive_keys, secure_gateway_socket
 
 from . import routing
 from .errors import ApiError
+from .worker_auth import RefusalLog
 
 log = logging.getLogger("kiln.gateway.workers")
 
@@ -64,6 +70,10 @@ MAX_CONTEXT_WINDOW = 1 << 24
 # Identities of workers dropped for impossible reports that the pool remembers (and refuses).
 BANNED_LIMIT = 4096
 BANNED_ERROR = "this worker was dropped: it reported usage its request cannot have"
+# Tokens a chat template may add around a prompt (role markers, a default system prompt, tool
+# instructions). Every other prompt token covers at least one byte of what the gateway sent, so
+# a request's input is at most its frame's bytes plus this.
+TEMPLATE_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -74,21 +84,24 @@ class UsageLimits:
     max_output_tokens: int
 
     @classmethod
-    def of(cls, window: int, max_output_tokens: Any = None) -> "UsageLimits":
+    def of(cls, window: int, max_output_tokens: Any = None, sent_bytes: int | None = None) -> "UsageLimits":
         """A request's own output cap (when it sets one), else the worker's context window,
-        which also bounds any prompt."""
+        which also bounds any prompt; the prompt is bounded by what was sent (``sent_bytes``),
+        so a worker announcing a huge window cannot bill a short prompt as a huge one."""
         cap = max_output_tokens if _is_count(max_output_tokens) and max_output_tokens else window
-        return cls(max_input_tokens=window, max_output_tokens=min(cap, window))
+        prompt = window if sent_bytes is None else min(window, sent_bytes + TEMPLATE_TOKENS)
+        return cls(max_input_tokens=prompt, max_output_tokens=min(cap, window))
 
     @classmethod
-    def for_message(cls, info: Register, message: Any) -> "UsageLimits":
-        """The limits implied by what the gateway asked ``info``'s worker for."""
+    def for_message(cls, info: Register, message: Any, sent_bytes: int | None = None) -> "UsageLimits":
+        """The limits implied by what the gateway asked ``info``'s worker for, in a frame of
+        ``sent_bytes`` (None: unknown, the window bounds the prompt)."""
         cap = None
         if isinstance(message, Generate):
             cap = message.request.sampling.max_output_tokens
         elif isinstance(message, Compact):
             cap = message.max_output_tokens
-        return cls.of(info.context_window, cap)
+        return cls.of(info.context_window, cap, sent_bytes)
 
 
 def _is_count(value: Any) -> bool:
@@ -268,6 +281,7 @@ class WorkerPool:
         self._ctx = zmq.asyncio.Context.instance()
         self._own_ctx = False
         self._banned: dict[bytes, None] = {}  # insertion-ordered set, bounded by BANNED_LIMIT
+        self._claims = RefusalLog()  # registrations under a worker id another connection holds
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._registered = asyncio.Event()
@@ -297,7 +311,8 @@ class WorkerPool:
             self.auth.start()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker may reuse its identity
+        # No ROUTER_HANDOVER: a connection whose routing id is taken is refused, never handed the
+        # live worker's requests (workers let ZeroMQ pick their routing ids, see worker/server.py).
         if self.auth is not None:
             secure_gateway_socket(sock, keys)
             self.auth.watch(sock)
@@ -467,7 +482,9 @@ class WorkerPool:
         ``limits`` bound the usage the worker may report; by default they follow from the message
         (a Generate's max_output_tokens, a Compact's) and the worker's context window.
         """
-        channel = Channel(req_id, worker, limits or UsageLimits.for_message(worker.info, message))
+        # The frame's size bounds the prompt (msgpack runs at memory speed: encoding it once
+        # more here is cheap beside tokenizing it).
+        channel = Channel(req_id, worker, limits or UsageLimits.for_message(worker.info, message, len(encode(message))))
         self.channels[req_id] = channel
         worker.inflight.add(req_id)
         worker.routed += 1
@@ -557,6 +574,14 @@ class WorkerPool:
         if error is not None:
             log.warning("refused worker %r: %s", identity, error)
             await self._send(identity, Registered(ok=False, error=error))
+            return
+        holder = next((w for i, w in self.workers.items() if i != identity and w.info.worker_id == message.worker_id), None)
+        if holder is not None:
+            # Another connection holds this worker id: an impostor (ids are no secret), or the
+            # same worker reconnected before its old connection timed out. Unanswered, the real
+            # one keeps retrying and gets in once the old connection is gone; the live worker
+            # is never displaced.
+            self._claims.refuse(message.worker_id, f"ignored a registration as worker {message.worker_id}: another connection holds that id")
             return
         old = self.workers.get(identity)
         if old is not None and (old.info.worker_id, old.info.pid) == (message.worker_id, message.pid):

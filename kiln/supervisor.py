@@ -323,7 +323,7 @@ class Supervisor:
         self._gateway_up = True
         try:
             health = json.loads(body)
-            ids = {w["id"] for w in health.get("workers") or []}
+            ids = {w["tag"] for w in health.get("workers") or []}
         except (ValueError, AttributeError, KeyError, TypeError):
             return
         self._seen |= ids

@@ -393,7 +393,9 @@ class GenerateRequest:
 
     ``raw_prompt``: the prompt text itself (the legacy ``/v1/completions`` door): no chat
     template, and ``input`` only counts. ``cache_key``: ``prompt_cache_key``, which the prefix
-    cache keeps apart."""
+    cache keeps apart. ``cache_scope``: set by the gateway alone (one opaque value per
+    organization in hosted mode), the part of the worker's prefix cache this request may reuse
+    and fill, so no tenant learns from ``cached_tokens`` what another's prompts hold."""
 
     model: str
     input: tuple[InputItem, ...] = ()
@@ -406,6 +408,7 @@ class GenerateRequest:
     sampling: Sampling = field(default_factory=Sampling)
     cache_key: str | None = None
     raw_prompt: str | None = None
+    cache_scope: str | None = None
 
     def __post_init__(self) -> None:
         _string(self.model, "model")
@@ -417,6 +420,7 @@ class GenerateRequest:
             raise InvalidParam("max_tool_calls", "Invalid 'max_tool_calls': expected an integer of at least 1.")
         _optional_string(self.cache_key, "prompt_cache_key")
         _optional_string(self.raw_prompt, "prompt")
+        _optional_string(self.cache_scope, "cache_scope")
 
     @property
     def offered_tools(self) -> tuple[ToolSpec, ...]:
@@ -444,6 +448,7 @@ class GenerateRequest:
             "sampling": self.sampling.to_wire(),
             "cache_key": self.cache_key,
             "raw_prompt": self.raw_prompt,
+            "cache_scope": self.cache_scope,
         }
 
     @classmethod

@@ -264,4 +264,4 @@ class Cluster:
 
     def worker_ids(self, i: int) -> list[str]:
         """The ids of the workers registered with gateway `i`, sorted."""
-        return sorted(w["id"] for w in self.health(i)["workers"])
+        return sorted(w["tag"] for w in self.health(i)["workers"])

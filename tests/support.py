@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -80,8 +81,12 @@ class Kiln:
     worker_args: list[str] = field(default_factory=list)
     workers: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    # The worker secret gateway and workers share (CURVE), as `kiln serve` gives its children one;
+    # None starts the gateway with --allow-unauthenticated-workers instead.
+    secret: str | None = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def __post_init__(self) -> None:
+        self.secret = self.env.get("KILN_WORKER_SECRET", self.secret)
         self.port = free_port()
         self.zmq = f"tcp://127.0.0.1:{free_port()}"
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -89,10 +94,11 @@ class Kiln:
         self.worker_procs: list[Proc] = []
 
     def _env(self) -> dict[str, str]:
-        return process_env(self.env)
+        return process_env({"KILN_WORKER_SECRET": self.secret, **self.env} if self.secret else self.env)
 
     def start(self, timeout: float = 180) -> "Kiln":
-        gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *self.gateway_args], self._env(), self.tmp / "gateway.log")
+        trust = [] if self.secret else ["--allow-unauthenticated-workers"]
+        gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *trust, *self.gateway_args], self._env(), self.tmp / "gateway.log")
         self.gateway = gw.start()
         self.procs.append(gw)
         for _ in range(self.workers):
@@ -148,3 +154,22 @@ def stream(client: httpx.Client, body: dict) -> tuple[list[str], list[dict]]:
     with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
         assert r.status_code == 200, r.read()
         return sse_events(r)
+
+
+def worker_pids(root: int, model: str) -> list[int]:
+    """The pids of ``kiln.worker`` processes under ``root`` (a `kiln serve`) started with
+    ``--model-id MODEL`` (/health names no pid: it is open to anyone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == root and b"kiln.worker" in argv and any(a == b"--model-id" and b == model.encode() for a, b in zip(argv, argv[1:])):
+            found.append(int(entry))
+    return found

@@ -180,7 +180,8 @@ class WorkerServer:
     def _open(self, ctx: zmq.Context, poller: zmq.Poller, outbox: Outbox, address: str, *, discovered: bool = False) -> GatewayLink:
         dealer = ctx.socket(zmq.DEALER)
         secure_worker_socket(dealer, self.secret)
-        dealer.setsockopt(zmq.IDENTITY, self.worker_id.encode())
+        # No IDENTITY: the gateway's ROUTER gives each connection a routing id of its own, so no
+        # other process can take over this worker's connection by claiming its (public) id.
         dealer.setsockopt(zmq.LINGER, 0)
         # Queue nothing for a gateway that is not connected: what it missed is stale when it
         # comes back (it has forgotten those requests), and registration is redone anyway.

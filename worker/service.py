@@ -273,6 +273,7 @@ class GenerationService:
             on_step=run.on_step,
             logits_processors=processors,
             cache_key=request.cache_key,
+            cache_scope=request.cache_scope,
         )
         run.request = request
         self._submit(req_id, request, emit)

@@ -3,9 +3,9 @@ ticket that settles its bill however it ends.
 
 The accounts middleware has authenticated the key by then (401); ``admit`` does the rest, in the
 contract's order (docs/hosted.md): 400 ``background``, 404 ``model_not_found`` (catalog), 403
-``model_not_allowed`` (key scope), 503 (no worker serves the model), 402 (credits, read live: the reservation is a
-conditional debit in the database, so a balance that just reached zero refuses the next request at
-once). The organization's concurrency slot (429) was taken by the middleware, before the body.
+``model_not_allowed`` (key scope), 402 (no credit left, before an on-demand model is loaded), 503
+(no worker serves the model), 402 (credits, read live: the reservation is a conditional debit in
+the database, so a balance that just reached zero refuses the next request at once). The organization's concurrency slot (429) was taken by the middleware, before the body.
 
 The ticket is the one hook through which a request's outcome reaches the ledger: the response
 lifecycle calls ``settle(status, usage)`` exactly once with what the client received (before the
@@ -82,6 +82,22 @@ class HostedTicket:
                 return None
         return self.event.cost_usd if self.event is not None else None
 
+    async def cover(self, body: Mapping[str, Any], window: int) -> None:
+        """Extend the reservation to ``body`` as it will be sent (history, conversation, socket
+        state and item references expanded), before any work: admission only saw the request's
+        own body, and a short body continuing a long transcript costs the transcript. 402 when
+        the balance is not above zero for the difference."""
+        if self._settled:  # a token count's ticket: nothing reserved, nothing to extend
+            return
+        inp, out = _reservation_tokens(body, window)
+        assert self.accounts.meter is not None
+        extra = self.accounts.meter.price_nanos(self.model, inp, out) - self.reserved_nanos
+        if extra <= 0:
+            return
+        if not await self.accounts.top_up(self.generation_id, self.principal.org_id, extra):
+            raise _no_credits()
+        self.reserved_nanos += extra
+
     async def close(self) -> None:
         """A request that ended without a settlement is recorded as an error (unbilled)."""
         if not self._settled:
@@ -117,6 +133,11 @@ async def admit(accounts: Accounts, *, principal: Principal, generation_id: str,
     assert accounts.meter is not None
     if principal.allowed_models is not None and model not in principal.allowed_models:
         raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
+    # 402 before any work on the request's behalf: an organization without credit must not make
+    # the server load an on-demand model (or learn that none is loaded). The reservation below
+    # checks again, atomically.
+    if await accounts.meter.balance_nanos(principal.org_id) <= 0:
+        raise _no_credits()
     if loader is not None:
         await loader.ensure(model)
     if accounts.catalog is not None:

@@ -256,6 +256,29 @@ class Meter:
             )
         return True
 
+    async def top_up(self, generation_id: str, org_id: int, extra_nanos: int) -> bool:
+        """Debit ``extra_nanos`` more for a pending request (its worst case grew once its history
+        was expanded) and add it to its row, if the balance is above zero right now; False
+        (nothing written) when it is not, or when the row is no longer pending."""
+        extra_nanos = max(0, int(extra_nanos))
+        async with self._db.engine.begin() as conn:
+            debit = await conn.execute(
+                organizations.update()
+                .where(organizations.c.id == org_id, organizations.c.credits_nanousd > 0)
+                .values(credits_nanousd=organizations.c.credits_nanousd - extra_nanos)
+            )
+            if debit.rowcount != 1:
+                return False
+            row = await conn.execute(
+                usage_events.update()
+                .where(usage_events.c.generation_id == generation_id, usage_events.c.status == PENDING)
+                .values(cost_nanousd=usage_events.c.cost_nanousd + extra_nanos)
+            )
+            if row.rowcount != 1:
+                await conn.rollback()
+                return False
+        return True
+
     async def settle(self, record: UsageRecord, reserved_nanos: int) -> UsageEvent:
         """Replace the pending row of ``record.generation_id`` by the final one and refund
         ``reserved_nanos - cost``; idempotent (a settled row is returned as it is)."""

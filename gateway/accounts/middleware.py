@@ -77,6 +77,21 @@ async def check_maintenance(accounts: Accounts) -> None:
         raise maintenance_error(retry_after)
 
 
+async def socket_principal(accounts: Accounts, scope: Scope) -> Any:
+    """What a WebSocket's upgrade checks, and each of its turns again (a socket lives an hour;
+    a key revoked or a maintenance switched on meanwhile must stop it): maintenance, then the key
+    of the upgrade's headers, looked up afresh (the auth cache's TTL bounds the delay). Raises the
+    ApiError to answer, 503 when the accounts backend is down."""
+    try:
+        await check_maintenance(accounts)
+        assert accounts.auth is not None
+        return await accounts.auth.authenticate(AccountsMiddleware._authorization(scope), None, require_credits=False)
+    except ApiError:
+        raise
+    except Exception as exc:  # the accounts database or Redis is down
+        raise accounts_unavailable(exc) from None
+
+
 def maintenance_error(seconds: int) -> ApiError:
     return ApiError(
         503,
@@ -159,16 +174,10 @@ class AccountsMiddleware:
         if scope.get("path") not in WEBSOCKET_PATHS:
             await self.app(scope, receive, send)  # no such socket: the router refuses it
             return
-        accounts = self.accounts
         try:
-            await check_maintenance(accounts)
-            assert accounts.auth is not None
-            principal = await accounts.auth.authenticate(self._authorization(scope), None, require_credits=False)
+            principal = await socket_principal(self.accounts, scope)
         except ApiError as error:
             await deny_upgrade(scope, receive, send, error)
-            return
-        except Exception as exc:  # the accounts database or Redis is down
-            await deny_upgrade(scope, receive, send, accounts_unavailable(exc))
             return
         scope[PRINCIPAL_SCOPE_KEY] = principal
         await self.app(scope, receive, send)

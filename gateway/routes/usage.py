@@ -58,15 +58,29 @@ def _int_param(request: Request, name: str, low: int, high: int, default: int | 
     return value
 
 
+_TEXT = re.compile(r"[^\x00-\x1f\x7f]{1,200}")  # no control characters (PostgreSQL refuses NUL)
+
+
+def _text_param(request: Request, name: str) -> str | None:
+    """An optional text query parameter: at most 200 characters (a model id's column), no
+    control characters (400 otherwise)."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if not _TEXT.fullmatch(raw):
+        raise invalid(f"'{name}' must be at most 200 characters without control characters.", param=name)
+    return raw
+
+
 async def get_usage(request: Request) -> Response:
     principal = _principal(request)
     page = await _accounts(request).meter.list_usage(
         principal.org_id,
         after_ts=_int_param(request, "start_time", 0, MAX_TIMESTAMP),
         before_ts=_int_param(request, "end_time", 0, MAX_TIMESTAMP),
-        model=request.query_params.get("model") or None,
+        model=_text_param(request, "model"),
         limit=_int_param(request, "limit", 1, MAX_PAGE, 100),
-        after_id=request.query_params.get("after") or None,
+        after_id=_text_param(request, "after"),
     )
     return JSONResponse(page.to_json())
 

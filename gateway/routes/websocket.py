@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable
+from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable, socket_principal
 from ..admission import OpenTicket, Ticket
 from ..body import parse_json_bytes
 from ..errors import ApiError, invalid
@@ -39,6 +39,7 @@ log = logging.getLogger("kiln.gateway.websocket")
 
 PENDING_LIMIT = 32  # turns a client may queue behind the running one before it is cut off
 _OPEN_KEY = "websockets_open"
+_BY_ORG_KEY = "websockets_open_by_org"  # organization -> its sockets open (hosted mode)
 
 
 def error_frame(error: ApiError) -> dict[str, Any]:
@@ -75,11 +76,24 @@ async def responses_socket(ws: WebSocket) -> None:
     if settings.websocket_max_connections and open_now >= settings.websocket_max_connections:
         await _deny(ws, ApiError(503, "The server has as many WebSocket connections open as it allows; retry shortly or use HTTP.", code="server_is_overloaded", headers={"Retry-After": "1"}))
         return
+    org = getattr(ws.scope.get(PRINCIPAL_SCOPE_KEY), "org_id", None)
+    by_org: dict[Any, int] = getattr(state, _BY_ORG_KEY, None) or {}
+    setattr(state, _BY_ORG_KEY, by_org)
+    per_org = settings.websocket_max_connections_per_org
+    if org is not None and per_org and by_org.get(org, 0) >= per_org:
+        await _deny(ws, ApiError(429, f"Your organization has {per_org} WebSocket connections open, the most it may; close one or use HTTP.", code="rate_limit_exceeded"))
+        return
     setattr(state, _OPEN_KEY, open_now + 1)
+    if org is not None:
+        by_org[org] = by_org.get(org, 0) + 1
     try:
         await Session(ws).run()
     finally:
         setattr(state, _OPEN_KEY, getattr(state, _OPEN_KEY, 1) - 1)
+        if org is not None:
+            by_org[org] -= 1
+            if not by_org[org]:
+                del by_org[org]
 
 
 class ClientGone(Exception):
@@ -261,8 +275,26 @@ class Session:
         log.info("websocket continuation", extra={"connection": self.id, "previous_response_id": previous, "from": "store"})
         return None
 
+    async def _recheck(self) -> bool:
+        """In hosted mode, what the upgrade checked, again before each turn: a revoked key (401)
+        or maintenance (503) ends the socket with its error frame, as a refused upgrade would
+        have; the organization's other state (credits, concurrency limit) comes fresh with the
+        principal, for admission."""
+        accounts = self.ws.app.state.accounts
+        if accounts is None:
+            return True
+        try:
+            self.principal = await socket_principal(accounts, self.ws.scope)
+        except ApiError as error:
+            await self._close_with(error, 1008 if error.status in (401, 403) else 1013)
+            self.gone.set()
+            return False
+        return True
+
     async def _turn(self, frame: str | bytes) -> None:
         previous: str | None = None
+        if not await self._recheck():
+            return
         try:
             body, generate = self._request(frame)
             previous = body.get("previous_response_id") if isinstance(body.get("previous_response_id"), str) else None

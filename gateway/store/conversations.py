@@ -70,11 +70,23 @@ class Conversation:
         return next((i for i in self.items if i.get("id") == item_id), None)
 
 
+# The most of the store (entries and bytes) one organization may fill: beyond it its own oldest
+# conversations go, and when the store is full the organization holding the most loses first.
+OWNER_SHARE = 0.25
+
+
+def key_owner(key: str) -> str | None:
+    """The organization of a conversation key (``history.conversation_key``: ``owner:id``, or the
+    bare id locally, where one tenant owns everything)."""
+    owner, sep, _ = key.partition(":")
+    return owner if sep else None
+
+
 class MemoryConversationStore:
     """The ConversationStore of one process: one LRU entry per conversation."""
 
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float) -> None:
-        self._lru: BoundedLRU[Conversation] = BoundedLRU(max_entries, max_bytes, ttl_s)
+        self._lru: BoundedLRU[Conversation] = BoundedLRU(max_entries, max_bytes, ttl_s, owner_of=key_owner, owner_share=OWNER_SHARE)
 
     @property
     def enabled(self) -> bool:

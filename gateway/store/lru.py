@@ -28,13 +28,22 @@ class _Entry(Generic[V]):
 
 class BoundedLRU(Generic[V]):
     """``max_entries`` 0 means nothing is kept; ``max_bytes`` 0 means an entry is evicted as
-    soon as it is put; ``ttl_s`` 0 means entries never expire."""
+    soon as it is put; ``ttl_s`` 0 means entries never expire.
 
-    def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    With ``owner_of`` (key -> its tenant, None for none) and ``owner_share``, one tenant keeps at
+    most that share of the entries and bytes (its own oldest go first), and when the store as a
+    whole is full the tenant holding the most bytes loses its oldest entry: a tenant filling the
+    store evicts its own entries, never a smaller tenant's."""
+
+    def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, *, clock: Callable[[], float] = time.monotonic, owner_of: Callable[[str], Any] | None = None, owner_share: float = 1.0) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.clock = clock
+        self.owner_of = owner_of
+        self.owner_share = owner_share
+        # tenant -> [bytes, its keys oldest first] (only with owner_of)
+        self._owners: dict[Any, tuple[list[int], OrderedDict[str, None]]] = {}
         self._entries: OrderedDict[str, _Entry[V]] = OrderedDict()
         # (expires_at, key) of every entry with a TTL, soonest first. Items of deleted or
         # replaced entries stay until they surface (or the heap is rebuilt): expiry is then
@@ -60,7 +69,8 @@ class BoundedLRU(Generic[V]):
         if expires_at is not None:
             heapq.heappush(self._expiry, (expires_at, key))
         self.bytes += size
-        self._evict()
+        self._own(key, size)
+        self._evict(key)
         return key in self._entries
 
     def get(self, key: str) -> V | None:
@@ -71,6 +81,7 @@ class BoundedLRU(Generic[V]):
             self.delete(key)
             return None
         self._entries.move_to_end(key)
+        self._touch(key)
         return entry.value
 
     def delete(self, key: str) -> bool:
@@ -78,6 +89,7 @@ class BoundedLRU(Generic[V]):
         if entry is None:
             return False
         self.bytes -= entry.size
+        self._own(key, -entry.size)
         return True
 
     def resize(self, key: str, value: V, size: int) -> None:
@@ -87,11 +99,45 @@ class BoundedLRU(Generic[V]):
             self.put(key, value, size)
             return
         self.bytes += size - entry.size
+        self._own(key, size - entry.size)
         entry.value, entry.size = value, size
         self._entries.move_to_end(key)
-        self._evict()
+        self._evict(key)
 
-    def _evict(self) -> None:
+    # -- tenants ---------------------------------------------------------------------------------
+    def _own(self, key: str, delta: int) -> None:
+        """Account ``delta`` bytes of ``key`` (put, resized or deleted just now) to its tenant."""
+        owner = self.owner_of(key) if self.owner_of is not None else None
+        if owner is None:
+            return
+        held, keys = self._owners.setdefault(owner, ([0], OrderedDict()))
+        held[0] += delta
+        if key in self._entries:
+            keys[key] = None
+            keys.move_to_end(key)
+        else:
+            keys.pop(key, None)
+            if not keys:
+                del self._owners[owner]
+
+    def _touch(self, key: str) -> None:
+        owner = self.owner_of(key) if self.owner_of is not None else None
+        if owner in self._owners and key in self._owners[owner][1]:
+            self._owners[owner][1].move_to_end(key)
+
+    def _victim(self) -> str:
+        """The entry to evict when the store is full: the heaviest tenant's oldest, else the oldest."""
+        if self._owners:
+            held, keys = max(self._owners.values(), key=lambda o: o[0][0])
+            return next(iter(keys))
+        return next(iter(self._entries))
+
+    def _over_share(self, owner: Any) -> bool:
+        held, keys = self._owners[owner]
+        return held[0] > self.owner_share * self.max_bytes or len(keys) > self.owner_share * self.max_entries
+
+    def _evict(self, added: str | None = None) -> None:
+        """Expire, then bring ``added``'s tenant within its share, then the store within its bounds."""
         now = self.clock()
         while self._expiry and self._expiry[0][0] <= now:
             expires_at, key = heapq.heappop(self._expiry)
@@ -101,6 +147,9 @@ class BoundedLRU(Generic[V]):
         if len(self._expiry) > 2 * len(self._entries) + 1024:
             self._expiry = [(e.expires_at, k) for k, e in self._entries.items() if e.expires_at is not None]
             heapq.heapify(self._expiry)
+        if added is not None and self.owner_of is not None:
+            owner = self.owner_of(added)
+            while owner in self._owners and self._over_share(owner):
+                self.delete(next(iter(self._owners[owner][1])))  # the tenant's own oldest first
         while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
-            key = next(iter(self._entries))
-            self.delete(key)
+            self.delete(self._victim() if self.owner_of is not None else next(iter(self._entries)))

@@ -67,8 +67,8 @@ def local_app(**settings: Any):
     return create_app(Settings(**settings), pool=pool), pool
 
 
-def client_for(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", timeout=ANSWER_BOUND_S)
+def client_for(app, raise_app_exceptions: bool = True) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions), base_url="http://127.0.0.1", timeout=ANSWER_BOUND_S)
 
 
 async def bounded(coro: Any) -> Any:

@@ -62,3 +62,58 @@ async def test_store_none_has_no_conversations(tmp_path):
         r = await bounded(c.post("/v1/conversations", json={}))
     assert r.status_code == 404
     assert_error(r.json())
+
+
+async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tmp_path):
+    """Issue 30 D: with --store none a `conversation` is refused as `previous_response_id` is, so
+    no transcript of an organization's prompts is kept, and none can be read or wiped by another."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+    from kiln.gateway.history import conversation_key
+
+    app = create_app(Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="none"), pool=FakePool())
+    accounts = app.state.accounts
+    await accounts.open()
+    keys = []
+    for org in ("acme", "globex"):
+        await create_org(accounts.db, org, credits_usd=10)
+        keys.append((await create_key(accounts.db, org)).key)
+    a, g = ({"Authorization": f"Bearer {k}"} for k in keys)
+    try:
+        async with client_for(app) as c:
+            r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "the merger closes Friday", "conversation": "conv_plan"}, headers=a))
+            assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter" and r.json()["error"]["param"] == "conversation", r.text
+            assert_error(r.json())
+            org_id = (await accounts.auth.authenticate(f"Bearer {keys[0]}", None, require_credits=False)).org_id
+            assert await app.state.responses.conversations.get(conversation_key("conv_plan", org_id)) is None
+            assert (await bounded(c.delete("/v1/conversations/conv_plan", headers=g))).status_code == 404
+            assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi", "conversation": "conv_plan"}, headers=g))).status_code == 400
+            assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=a))).status_code == 200
+    finally:
+        await accounts.close()
+
+
+async def test_one_orgs_conversations_never_evict_anothers(tmp_path):
+    """Issue 30 tenants 3: an organization creating conversations far past its share of the store
+    loses its own oldest; another organization's conversation is still there (it was evicted: 404)."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="memory", conversation_store_max_entries=8, conversation_store_max_bytes=64 << 10)
+    app = create_app(settings, pool=FakePool())
+    accounts = app.state.accounts
+    await accounts.open()
+    keys = []
+    for org in ("acme", "globex"):
+        await create_org(accounts.db, org, credits_usd=10)
+        keys.append((await create_key(accounts.db, org)).key)
+    a, g = ({"Authorization": f"Bearer {k}"} for k in keys)
+    try:
+        async with client_for(app) as c:
+            mine = (await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "keep me"}]}, headers=g))).json()["id"]
+            for i in range(40):
+                r = await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": f"flood {i} " + "x" * 1000}]}, headers=a))
+                assert r.status_code == 200, r.text
+            assert (await bounded(c.get(f"/v1/conversations/{mine}", headers=g))).status_code == 200
+    finally:
+        await accounts.close()

@@ -27,7 +27,7 @@ def gateway(tmp_path_factory):
     port = free_port()
     argv = [
         sys.executable, "-m", "kiln.gateway", "--port", str(port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}",
-        "--body-timeout", "1", "--keep-alive-timeout", "1", "--log-level", "warning",
+        "--body-timeout", "1", "--keep-alive-timeout", "1", "--log-level", "warning", "--allow-unauthenticated-workers",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     proc = Proc(argv, env, tmp / "gateway.log").start()

@@ -58,3 +58,23 @@ def test_expiry_bookkeeping_stays_bounded_under_churn():
         lru.put(f"k{i}", i, 1)
     assert len(lru) == 10
     assert len(lru._expiry) <= 2 * 10 + 1024 + 1
+
+
+def test_one_tenant_filling_the_store_evicts_only_its_own_entries():
+    """Issue 30 tenants 3: with a share per tenant, a tenant writing far past its share loses
+    its own oldest entries; another tenant's entry stays."""
+    owner = lambda key: key.split(":", 1)[0]  # noqa: E731
+    lru: BoundedLRU[str] = BoundedLRU(100, 10_000, ttl_s=0, owner_of=owner, owner_share=0.25)
+    assert lru.put("b:victim", "v", 1_000)
+    for i in range(300):
+        lru.put(f"a:{i}", "x", 300)
+    assert lru.get("b:victim") == "v"
+    assert lru.get("a:299") == "x" and lru.get("a:0") is None
+    assert sum(1 for i in range(300) if lru.get(f"a:{i}") is not None) <= 25  # its quarter
+    # When the store is full, the tenant holding the most bytes loses first.
+    full: BoundedLRU[str] = BoundedLRU(4, 10_000, ttl_s=0, owner_of=owner, owner_share=1.0)
+    full.put("b:1", "v", 10)
+    for i in range(3):
+        full.put(f"a:{i}", "x", 100)
+    full.put("c:1", "v", 10)
+    assert full.get("b:1") == "v" and full.get("a:0") is None and len(full) == 4

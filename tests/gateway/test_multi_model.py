@@ -14,7 +14,7 @@ import pytest
 
 from kiln.protocol.model_config import ConfigError, load_config
 from tests.conformance import assert_model_list
-from tests.support import free_port, wait_until
+from tests.support import free_port, wait_until, worker_pids
 from tests.worker.tiny_gguf import TOOLS_TEMPLATE
 
 
@@ -144,9 +144,9 @@ idle_stop = "5s"
         first_request_s = time.monotonic() - started
         answered = time.monotonic()
         assert r.status_code == 200, r.text + log()
-        (pid,) = [w["pid"] for w in _health(base) if w["model"] == "tiny-qwen3-later"]
+        (pid,) = worker_pids(proc.pid, "tiny-qwen3-later")
         rss_up = _rss_mb(pid)
-        smollm2_rss = _rss_mb(next(w["pid"] for w in _health(base) if w["model"] == "smollm2"))
+        smollm2_rss = _rss_mb(worker_pids(proc.pid, "smollm2")[0])
         now = {m["id"]: m for m in httpx.get(base + "/v1/models", timeout=5).json()["data"]}["tiny-qwen3-later"]
         assert now["loaded"] is True and now["capabilities"]["reasoning"] is True
         # ... and after its idle time with nothing in flight the process exits: its memory is back.

@@ -319,3 +319,37 @@ async def test_hosted_and_local_gateways_answer_loading_in_each_doors_shape(tmp_
                 assert health.status_code == 200 and health.json()["ready"] is False and health.json()["loading"] == ["big"]
     finally:
         await hosted.state.accounts.close()
+
+
+async def test_an_org_without_credit_gets_402_and_starts_no_load(tmp_path, config_path):
+    """Issue 30 D: 402 comes before any on-demand load (and before a 503 while loading): an
+    organization with no credit cannot make the server load models; a funded one still can."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    pool = FakePool()
+    launcher = FakeLauncher(pool)
+    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="none", config_path=str(config_path))
+    app = create_app(settings, pool=pool, launcher=launcher)
+    accounts = app.state.accounts
+    await accounts.open()
+    await create_org(accounts.db, "broke", credits_usd=0)
+    await create_org(accounts.db, "funded", credits_usd=10)
+    broke, funded = (await create_key(accounts.db, "broke")).key, (await create_key(accounts.db, "funded")).key
+    await app.state.loader.start()
+    try:
+        async with client_for(app) as client:
+            for path, body in (("/v1/responses", {"model": "a", "input": "hi"}), ("/v1/chat/completions", {"model": "b", "messages": [{"role": "user", "content": "hi"}]})):
+                r = await bounded(client.post(path, json=body, headers={"authorization": f"Bearer {broke}"}))
+                assert r.status_code == 402, r.text
+                assert_error(r.json())
+            assert launcher.of(StartModel) == []
+            launcher.hold.add("c")  # a load that takes long: the broke org still gets 402 at once
+            r = await bounded(client.post("/v1/responses", json={"model": "c", "input": "hi"}, headers={"authorization": f"Bearer {broke}"}))
+            assert r.status_code == 402 and launcher.of(StartModel) == []
+            r = await bounded(client.post("/v1/responses", json={"model": "a", "input": "hi"}, headers={"authorization": f"Bearer {funded}"}))
+            assert r.status_code == 200, r.text
+            assert launcher.of(StartModel) == ["a"]
+    finally:
+        await app.state.loader.stop()
+        await accounts.close()

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conformance import assert_error, assert_model_list
-from tests.support import Kiln, free_port, wait_until
+from tests.support import Kiln, free_port, wait_until, worker_pids
 
 LOAD_BOUND_S = 180  # a worker process start on a busy 2-core machine, with room to spare
 
@@ -67,7 +67,7 @@ class Serve:
             return []
 
     def pids(self, model: str) -> list[int]:
-        return [w["pid"] for w in self.workers() if w["model"] == model]
+        return worker_pids(self.proc.pid, model) if any(w["model"] == model for w in self.workers()) else []
 
     def status(self) -> dict[str, str]:
         listed = httpx.get(self.base + "/v1/models", timeout=5).json()
@@ -214,7 +214,7 @@ load = "on-demand"
         # The worker reports its resident memory (what a budget counts for a model without `memory`).
         worker = lambda: httpx.get(base + "/health", timeout=5).json()["workers"][0]  # noqa: E731
         assert wait_until(lambda: worker()["rss_bytes"] > 0, 30)
-        with open(f"/proc/{worker()['pid']}/status") as f:
+        with open(f"/proc/{kiln.worker_procs[0].process.pid}/status") as f:
             vm_rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
         assert 0.5 < worker()["rss_bytes"] / vm_rss < 2
     finally:

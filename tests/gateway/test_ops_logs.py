@@ -52,7 +52,7 @@ def _start(tmp_path, level: str) -> tuple[Proc, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     env["KILN_LOG_LEVEL"] = level
-    argv = [sys.executable, str(launcher), "--port", str(port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}"]
+    argv = [sys.executable, str(launcher), "--port", str(port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}", "--allow-unauthenticated-workers"]
     proc = Proc(argv, env, tmp_path / f"gateway-{level}.log").start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

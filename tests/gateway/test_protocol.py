@@ -8,6 +8,7 @@ import zmq
 
 from kiln.protocol import PROTOCOL_VERSION, Done, Generate, ProtocolError, Register, Registered, decode, encode
 from kiln.protocol.request import ContentPart, GenerateRequest, Message
+from kiln.protocol.security import secure_worker_socket
 
 
 def test_round_trip_keeps_every_field():
@@ -32,6 +33,7 @@ def test_gateway_refuses_other_protocol_version(scripted_kiln):
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 5000)
+    secure_worker_socket(sock, scripted_kiln.secret)
     sock.connect(scripted_kiln.zmq)
     try:
         sock.send(encode(Register("w-old", "old-model", [], 2048, 1, 1, version=PROTOCOL_VERSION + 1)))
@@ -53,6 +55,7 @@ def test_gateway_refuses_a_register_no_worker_can_send(scripted_kiln, register):
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 5000)
+    secure_worker_socket(sock, scripted_kiln.secret)
     sock.connect(scripted_kiln.zmq)
     try:
         sock.send(encode(register))

@@ -34,7 +34,7 @@ def test_two_servers_with_different_ports_both_serve(tmp_path):
             r = httpx.post(base + "/v1/responses", json={"model": "kiln-scripted", "input": "hi", "max_output_tokens": 4}, timeout=30)
             assert r.status_code == 200, r.text
             assert r.json()["output"], r.text
-        sockets = {w["id"] for _, base in servers for w in _workers(base)}
+        sockets = {w["tag"] for _, base in servers for w in _workers(base)}
         assert len(sockets) == 2  # each gateway sees only its own worker
     finally:
         for proc, _ in servers:

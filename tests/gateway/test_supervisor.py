@@ -38,11 +38,11 @@ def test_serve_restarts_workers_and_stops_cleanly(tmp_path):
         assert wait_until(lambda: len(_workers(base)) == 2), (tmp_path / "serve.log").read_text()
         children = _children(proc.pid)
         assert len(children) == 3  # gateway + 2 workers
-        before = {w["id"] for w in _workers(base)}
+        before = {w["tag"] for w in _workers(base)}
         worker_pids = [c for c in children if b"kiln.worker" in open(f"/proc/{c}/cmdline", "rb").read()]
         os.kill(worker_pids[0], signal.SIGKILL)
         # The supervisor starts a replacement, which registers under a new id.
-        assert wait_until(lambda: len({w["id"] for w in _workers(base)} - before) == 1 and len(_workers(base)) == 2, 90)
+        assert wait_until(lambda: len({w["tag"] for w in _workers(base)} - before) == 1 and len(_workers(base)) == 2, 90)
         r = httpx.post(base + "/v1/responses", json={"model": "kiln-scripted", "input": "hi", "max_output_tokens": 3}, timeout=30)
         assert r.status_code == 200
         proc.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ The real SDK against real processes is in tests/e2e/test_websocket_real_model.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
@@ -210,6 +211,72 @@ async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_i
             assert client.portal.call(limiter.in_flight, org_id) == limit - 1  # the turn's slot went back
             for slot in held:
                 client.portal.call(slot.release)
+
+
+async def test_one_orgs_sockets_never_lock_out_another_org(tmp_path):
+    """Issue 30 tenants 2: an organization holding its share of sockets gets 429 on its next
+    upgrade; another organization's upgrade still opens (the cap was global: it got 503)."""
+    from kiln.gateway.accounts.keys import create_key
+    from kiln.gateway.accounts.orgs import create_org
+
+    app, _, key = await hosted_app(tmp_path)
+    app.state.settings = dataclasses.replace(app.state.settings, websocket_max_connections=3, websocket_max_connections_per_org=2)
+    await create_org(app.state.accounts.db, "globex", credits_usd=10)
+    other = (await create_key(app.state.accounts.db, "globex")).key
+    await app.state.accounts.close()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        acme = {"authorization": f"Bearer {key}"}
+        with client.websocket_connect(URL, headers=acme), client.websocket_connect(URL, headers=acme):
+            with pytest.raises(WebSocketDenialResponse) as denied:
+                with client.websocket_connect(URL, headers=acme):
+                    pass
+            assert denied.value.status_code == 429 and denied.value.json()["error"]["code"] == "rate_limit_exceeded"
+            with client.websocket_connect(URL, headers={"authorization": f"Bearer {other}"}) as ws:
+                assert_ws_turn(_turn(ws, input="hi", store=False))
+        with client.websocket_connect(URL, headers=acme) as ws:  # closed sockets count no more
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+
+
+def _closed_with(ws) -> int:
+    """The close code the server ends the socket with (after the frames already read)."""
+    message = ws.receive()
+    assert message["type"] == "websocket.close", message
+    return message["code"]
+
+
+async def test_hosted_socket_stops_at_the_first_turn_after_its_key_is_revoked(tmp_path):
+    """Issue 30 B: the key is checked on every turn, not only on the upgrade."""
+    import time
+
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()
+    db = sqlite3.connect(tmp_path / "accounts.db")
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            db.execute("update api_keys set revoked = 1")  # what `kiln keys revoke` does
+            db.commit()
+            time.sleep(app.state.settings.auth_cache_ttl + 0.5)  # the auth cache's bound
+            frame = _turn(ws, input="hi", store=False)[-1]
+            assert_ws_error(frame)
+            assert frame["status"] == 401 and frame["error"]["code"] == "invalid_api_key"
+            assert _closed_with(ws) == 1008
+    rows = db.execute("select status from usage_events").fetchall()
+    assert [r[0] for r in rows] == ["completed"], rows  # the refused turn ran nothing and cost nothing
+
+
+async def test_hosted_socket_stops_at_the_first_turn_in_maintenance(tmp_path):
+    app, _, key = await hosted_app(tmp_path)
+    await app.state.accounts.close()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL, headers={"authorization": f"Bearer {key}"}) as ws:
+            assert_ws_turn(_turn(ws, input="hi", store=False))
+            r = client.post("/admin/maintenance", json={"on": True, "retry_after": 30}, headers={"authorization": "Bearer admin-secret"})
+            assert r.status_code == 200, r.text
+            frame = _turn(ws, input="hi", store=False)[-1]
+            assert_ws_error(frame)
+            assert frame["status"] == 503
+            assert _closed_with(ws) == 1013
 
 
 def test_codex_config_turns_websockets_on_and_says_how_to_turn_it_off(tmp_path):

@@ -249,11 +249,12 @@ async def test_a_worker_cannot_answer_another_workers_request():
 class FakeWorker:
     """A hand-written worker on a plain DEALER (no secret), heartbeating while it waits."""
 
-    def __init__(self, address: str, identity: bytes) -> None:
+    def __init__(self, address: str, identity: bytes, secret: str | None = None) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, identity)
+        secure_worker_socket(self.sock, secret)
         self.sock.connect(address)
         self.id = identity.decode()
 
@@ -274,7 +275,7 @@ class FakeWorker:
 @pytest.mark.parametrize("streaming", [False, True], ids=["json", "stream"])
 def test_client_never_sees_usage_a_lying_worker_reports(tmp_path, streaming):
     server = Kiln(tmp_path, workers=0, gateway_args=["--heartbeat-timeout", "10"]).start(timeout=60)
-    fake = FakeWorker(server.zmq, b"w-liar")
+    fake = FakeWorker(server.zmq, b"w-liar", server.secret)
     try:
         fake.sock.send(encode(register("fake-model")))
         assert fake.wait_for(Registered).ok
@@ -371,3 +372,89 @@ def test_kiln_serve_gives_its_children_a_secret_by_environment(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# -- issue 30 C: no unauthenticated workers by default, no identity theft, bounded usage -------------
+
+
+def test_gateway_refuses_to_start_without_a_worker_secret_unless_told():
+    """Even on loopback, a gateway without a secret would take any local process as a worker."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    for extra in ([], ["--auth", "keys", "--database-url", "sqlite:////nonexistent/kiln.db"]):
+        argv = [sys.executable, "-m", "kiln.gateway", "--port", str(free_port()), "--workers-bind", f"tcp://127.0.0.1:{free_port()}", *extra]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "--allow-unauthenticated-workers" in done.stderr and "--worker-secret-file" in done.stderr
+
+
+@pytest.fixture
+def open_kiln(tmp_path):
+    """A gateway explicitly told to accept unauthenticated workers (the worst case for the tests
+    below: any local process may connect), with one scripted worker."""
+    server = Kiln(tmp_path, worker_args=["--engine", "scripted", "--scripted-reply", "real worker"], secret=None, gateway_args=["--heartbeat-timeout", "2"]).start(timeout=60)
+    yield server
+    server.stop()
+
+
+def _worker_id(server: Kiln) -> str:
+    import re
+
+    found = re.search(r"worker-[0-9a-f]{12}", server.worker_procs[0].log())
+    assert found, server.worker_procs[0].log()
+    return found.group(0)
+
+
+@pytest.mark.parametrize("same_routing_id", [True, False], ids=["routing-id", "register-only"])
+def test_a_rogue_claiming_a_workers_id_and_pid_gets_nothing_and_evicts_nobody(open_kiln, same_routing_id):
+    real_id, real_pid = _worker_id(open_kiln), open_kiln.worker_procs[0].process.pid
+    ctx = zmq.Context()
+    try:
+        rogue = dealer(ctx, open_kiln.zmq, identity=real_id.encode() if same_routing_id else None)
+        rogue.send(encode(Register(real_id, "kiln-scripted", [], 1 << 24, 8, 8, version=PROTOCOL_VERSION, pid=real_pid)))
+        time.sleep(0.5)
+        with httpx.Client(base_url=open_kiln.base_url, timeout=30) as client:
+            for _ in range(6):
+                r = client.post("/v1/responses", json={"model": "kiln-scripted", "input": "my secret prompt", "max_output_tokens": 4})
+                assert r.status_code == 200, r.text
+                rogue.send(encode(Heartbeat(real_id)))
+            got = []
+            while rogue.poll(200):
+                got.append(decode(rogue.recv()))
+            assert not [m for m in got if isinstance(m, Generate)]
+            assert not [m for m in got if isinstance(m, Registered) and m.ok]
+            rogue.close(0)
+            # The real worker was never displaced: it still serves, alone, once the rogue is gone.
+            time.sleep(3)
+            assert client.post("/v1/responses", json={"model": "kiln-scripted", "input": "hi", "max_output_tokens": 4}).status_code == 200
+            assert len(client.get("/health").json()["workers"]) == 1
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_health_names_no_worker_id_or_pid(open_kiln):
+    text = httpx.get(open_kiln.base_url + "/health").text
+    (worker,) = httpx.get(open_kiln.base_url + "/health").json()["workers"]
+    assert "pid" not in worker and "id" not in worker and worker["model"] == "kiln-scripted"
+    assert _worker_id(open_kiln) not in text and str(open_kiln.worker_procs[0].process.pid) not in text
+
+
+async def test_reported_input_is_bounded_by_the_prompt_the_gateway_sent():
+    """A worker announcing the largest window cannot bill a short prompt as 16 million tokens."""
+    pool = WorkerPool(f"tcp://127.0.0.1:{free_port()}")
+    await pool.start()
+    ctx = zmq.asyncio.Context()
+    try:
+        liar = dealer(ctx, pool.bind)
+        await liar.send(encode(register(window=1 << 24)))
+        assert (await recv_within(liar, 10)).ok
+        worker = pool.pick("fake-model")
+        channel = await pool.open(worker, "r1", Generate("r1", "resp_1", GenerateRequest("fake-model", sampling=Sampling(max_output_tokens=8))))
+        assert channel.limits.max_input_tokens < 10_000 and channel.limits.max_output_tokens == 8
+        await recv_within(liar, 5)
+        await liar.send(encode(Done("r1", "completed", {"input_tokens": 16_777_216, "output_tokens": 8})))
+        failed = await asyncio.wait_for(channel.get(), 10)
+        assert isinstance(failed, Failed) and failed.http_status == 502
+        assert not pool.workers
+    finally:
+        ctx.destroy(linger=0)
+        await pool.stop()

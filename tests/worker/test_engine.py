@@ -399,6 +399,33 @@ def test_prefix_cache_lru_by_bytes(model):
     assert n == 6 and all(c.offset == 6 for c in cache)
 
 
+def test_prefix_cache_entries_are_seen_only_in_their_scope(model):
+    """Issue 30 A: one organization's prompts never shorten (or show in cached_tokens of)
+    another's; an emptied scope leaves nothing behind."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def kv(tokens):
+        cache = make_prompt_cache(model)
+        model(mx.array(tokens)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        return cache
+
+    secret = prompt_for(0, 12)
+    one = sum(c.nbytes for c in kv(secret))
+    pc = PrefixCache(max_bytes=int(one * 1.5))
+    pc.insert(secret, kv(secret), "org-a")
+    assert pc.lookup(secret + [7], "org-b") == (None, 0)
+    assert pc.lookup(secret + [7]) == (None, 0)  # nor the unscoped (local) cache
+    assert pc.lookup(secret + [7], "org-a")[1] == 12
+    pc.insert(secret, kv(secret), "org-b")  # the same tokens, a separate entry; evicts a's
+    assert len(pc) == 1 and pc.lookup(secret + [7], "org-a") == (None, 0)
+    assert pc.lookup(secret + [7], "org-b")[1] == 12
+    pc.clear()
+    pc.insert(secret, kv(secret), "org-c")
+    pc.insert(prompt_for(1, 12), kv(prompt_for(1, 12)), "org-d")  # evicts org-c's only entry
+    assert "org-c" not in pc._trie._trie and len(pc) == 1
+
+
 def test_cancel_inside_a_batch(model, make_scheduler):
     s = make_scheduler(cache_bytes=0)
     runs = [Run(prompt_for(i, 8 + i), temperature=0, max_tokens=40 if i != 1 else 100_000).submit(s) for i in range(4)]

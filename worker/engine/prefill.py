@@ -60,7 +60,7 @@ class Prefill:
     def begin(self, model: nn.Module, prefix: PrefixCache | None) -> None:
         """Take the longest cached prefix (looked up now, not at submit, so it can use
         entries that requests ahead of it in the queue have just stored)."""
-        cache, n = prefix.lookup(self.req.prompt) if prefix is not None else (None, 0)
+        cache, n = prefix.lookup(self.req.prompt, self.req.cache_scope) if prefix is not None else (None, 0)
         self.cache = cache if cache is not None else make_prompt_cache(model)
         self.pos = self.cached = n
         self.req.cached_tokens = n

@@ -246,13 +246,13 @@ class Scheduler:
             for i in sorted(drop):
                 row = self._batch.rows[i]
                 if row.started:
-                    self._remember(row.tokens, lambda: self._batch.extract(i))
+                    self._remember(row.tokens, lambda: self._batch.extract(i), row.req.cache_scope)
         self._batch.remove(drop)
 
-    def _remember(self, tokens: list[int], kv) -> None:
+    def _remember(self, tokens: list[int], kv, scope: str | None) -> None:
         """Store KV in the prefix cache; it only saves work, so a failure here fails nobody."""
         try:
-            self._prefix.insert(tokens, kv())
+            self._prefix.insert(tokens, kv(), scope)
         except Exception:
             log.exception("prefix cache insert failed")
 
@@ -395,7 +395,7 @@ class Scheduler:
         for i, p in enumerate(group):
             prompt = p.req.prompt
             if self._prefix is not None and p.pos > p.cached:
-                self._remember(prompt[:-1], (lambda: p.cache) if own_cache else (lambda: extract_row(cache, i)))
+                self._remember(prompt[:-1], (lambda: p.cache) if own_cache else (lambda: extract_row(cache, i)), p.req.cache_scope)
             rows.append(Row(p.handle, p.req, p.sampler, tokens=list(prompt[:-1])))
         try:
             self._batch.add(rows, cache, [p.req.prompt[-1] for p in group])

@@ -94,6 +94,7 @@ class EngineRequest:
     on_step: Callable[[Step], None]
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
     cache_key: str | None = None  # prompt_cache_key hint
+    cache_scope: str | None = None  # the prefix cache entries this request may see (cache.py)
     # Set by the engine before the first on_step: prompt tokens served from the prefix cache.
     cached_tokens: int = 0
 

@@ -227,7 +227,7 @@ async function refreshLive() {
       tile("Tokens in / out", `${fmt(input)} / ${fmt(output)}`, "tokens"),
     );
     const workers = health.workers || [];
-    $("workers").replaceChildren(...workers.map((w) => el("tr", {}, el("td", {}, el("code", {}, w.id)), el("td", {}, w.model), el("td", { class: "num" }, w.active), el("td", { class: "num" }, w.queued), el("td", { class: "num" }, w.rss_bytes ? `${fmt(w.rss_bytes / 2 ** 20)} MiB` : "–"))));
+    $("workers").replaceChildren(...workers.map((w) => el("tr", {}, el("td", {}, el("code", {}, w.tag ?? w.id)), el("td", {}, w.model), el("td", { class: "num" }, w.active), el("td", { class: "num" }, w.queued), el("td", { class: "num" }, w.rss_bytes ? `${fmt(w.rss_bytes / 2 ** 20)} MiB` : "–"))));
     if (!workers.length) $("workers").append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "No worker is connected.")));
   });
 }
