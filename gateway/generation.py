@@ -139,7 +139,8 @@ class Generation:
                     self.response.cancel()
                     return
                 if isinstance(message, Event):
-                    started = True
+                    # One without events is progress while the worker prefills: alive, no output.
+                    started = started or bool(message.events)
                     running = getattr(message, "usage", None)
                     if isinstance(running, dict):
                         self.delivered_usage = Usage.from_map(running)

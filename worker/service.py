@@ -271,6 +271,7 @@ class GenerationService:
             params=params,
             stop_tokens=frozenset(self.tokenizer.eos_token_ids),
             on_step=run.on_step,
+            on_progress=run.on_progress,
             logits_processors=processors,
             cache_key=request.cache_key,
         )
@@ -316,6 +317,12 @@ class _Run:
             self.service._forget(self.req_id)
             self.emit(Failed(self.req_id, 500, "server_error", "The response could not be assembled."))
             raise  # the scheduler then ends this request
+
+    def on_progress(self) -> None:
+        """A chunk of the prompt is prefilled: an Event with no events tells the gateway this
+        request is alive (its between-events deadline would otherwise run during a long prefill)."""
+        if not self.failed:
+            self.emit(Event(self.req_id, []))
 
     def usage(self) -> dict[str, Any]:
         """Usage so far: what Done would report if the request ended now."""
