@@ -224,6 +224,16 @@ redis.call('ZADD', p .. ':lru', 'XX', now_ms(), key)
 return {fields, redis.call('LRANGE', d .. ':items', 0, -1)}
 """
 
+# ARGV: prefix, key. The hash's fields (flat), or nil: CONV_GET without the items; a hit is a use.
+CONV_HEAD = LIB + r"""
+local p, key = ARGV[1], ARGV[2]
+local d = p .. ':d:' .. key
+local fields = redis.call('HGETALL', d)
+if #fields == 0 then return nil end
+redis.call('ZADD', p .. ':lru', 'XX', now_ms(), key)
+return fields
+"""
+
 # -- the item index: P:h field -> holder, P:z field -> when added; oldest forgotten first ------
 
 # ARGV: prefix, max entries, holder, fields...
