@@ -31,7 +31,9 @@ class GenerationFailed(Exception):
         self.param = param
 
     def api_error(self) -> ApiError:
-        return ApiError(self.http_status, self.message, code=self.code, param=self.param)
+        # A worker's 503 (its queue or preparation full, its engine away) passes soon: say when.
+        headers = {"Retry-After": "1"} if self.http_status == 503 else None
+        return ApiError(self.http_status, self.message, code=self.code, param=self.param, headers=headers)
 
 
 class Generation:
