@@ -42,7 +42,9 @@ class GenerationFailed(Exception):
         self.param = param
 
     def api_error(self) -> ApiError:
-        return ApiError(self.http_status, self.message, code=self.code, param=self.param)
+        # A worker's 503 (its queue or preparation full, its engine away) passes soon: say when.
+        headers = {"Retry-After": "1"} if self.http_status == 503 else None
+        return ApiError(self.http_status, self.message, code=self.code, param=self.param, headers=headers)
 
 
 class Generation:
@@ -151,7 +153,8 @@ class Generation:
                     self.response.cancel()
                     return
                 if isinstance(message, Event):
-                    started = True
+                    # One without events is progress while the worker prefills: alive, no output.
+                    started = started or bool(message.events)
                     running = getattr(message, "usage", None)
                     if isinstance(running, dict):
                         self.delivered_usage = Usage.from_map(running)

@@ -35,7 +35,7 @@ class Settings:
     # queueing, compaction) and then each next one, before the request fails with 504 /
     # response.failed and frees its slots.
     first_event_timeout_s: float = setting(300.0, flag="--first-event-timeout", min=0, min_open=True, help="Seconds a worker may take to start answering a request (queueing, prefill, compaction) before it fails with 504.")
-    event_timeout_s: float = setting(60.0, flag="--event-timeout", min=0, min_open=True, help="Seconds a worker may stay silent between two events of a request before it fails with 504.")
+    event_timeout_s: float = setting(60.0, flag="--event-timeout", min=0, min_open=True, help="Seconds a worker may stay silent between two events of a request (its progress while it prefills a long prompt counts) before it fails with 504.")
     # "reject" answers 400 as the spec says; "drop" removes them so clients that always send them
     # (Codex) still work.
     hosted_tools: Literal["reject", "drop"] = setting("reject", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")

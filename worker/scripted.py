@@ -4,7 +4,10 @@ It plays the model's part with no weights: replies are fixed text, one byte a to
 optional delay per token. Faults are injected from the prompt text so that tests can provoke them
 deterministically: ``[[crash]]`` kills the worker process mid-generation, ``[[error]]`` fails the
 request on the scheduler thread, ``[[hang]]`` stops serving it after three tokens while the worker
-keeps heartbeating (the gateway's deadlines must end it). Real-model tests cover the same code paths.
+keeps heartbeating (the gateway's deadlines must end it), ``[[slow-prefill]]`` spends
+``SLOW_PREFILL_S`` on its prompt before the first token, reporting progress every ``PREFILL_CHUNK_S``
+as the real scheduler does per chunk, and ``[[silent-prefill]]`` spends as long without a word.
+Real-model tests cover the same code paths.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from typing import Any
 from .engine.types import EngineRequest, QueueFull, Step
 
 EOS = 256
+# The scripted stand-in for a long prompt's prefill: its length and that of one chunk.
+SLOW_PREFILL_S = 2.5
+PREFILL_CHUNK_S = 0.1
 
 log = logging.getLogger("kiln.worker.scripted")
 
@@ -71,6 +77,7 @@ class ScriptedScheduler:
         self._waiting: queue.Queue[tuple[int, EngineRequest]] = queue.Queue()
         self._active: dict[int, tuple[EngineRequest, int]] = {}
         self._cancelled: set[int] = set()
+        self._prefill_started: dict[int, float] = {}  # handle -> when its slow prefill began
         self._lock = threading.Lock()
         self._next = 0
         self._stop = threading.Event()
@@ -132,9 +139,12 @@ class ScriptedScheduler:
             self._cancelled.discard(handle)
         if cancelled:
             del self._active[handle]
+            self._prefill_started.pop(handle, None)
             request.on_step(Step(None, None, None, "cancelled"))
             return
         prompt_text = bytes(t for t in request.prompt if t < 256)
+        if produced == 0 and self._prefilling(handle, request, prompt_text):
+            return
         if b"[[crash]]" in prompt_text and produced >= 3:
             os._exit(17)
         if b"[[hang]]" in prompt_text and produced >= 3:
@@ -155,3 +165,18 @@ class ScriptedScheduler:
         else:
             self._active[handle] = (request, produced)
         request.on_step(Step(token, -0.5 if request.params.logprobs else None, None, finish))
+
+    def _prefilling(self, handle: int, request: EngineRequest, prompt_text: bytes) -> bool:
+        """One chunk of a scripted slow prefill (True while it lasts), blocking this thread as a
+        real chunk does; progress is reported unless the prompt asks for a silent one."""
+        silent = b"[[silent-prefill]]" in prompt_text
+        if not silent and b"[[slow-prefill]]" not in prompt_text:
+            return False
+        started = self._prefill_started.setdefault(handle, time.monotonic())
+        if time.monotonic() - started >= SLOW_PREFILL_S:
+            del self._prefill_started[handle]
+            return False
+        time.sleep(PREFILL_CHUNK_S)
+        if not silent and request.on_progress is not None:
+            request.on_progress()
+        return True

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
-from kiln.protocol.request import GenerateRequest
+from kiln.protocol.request import FunctionCall, FunctionCallOutput, GenerateRequest, Message, Reasoning
 from kiln.protocol.usage import Usage
 
 from . import compaction
@@ -100,13 +100,13 @@ class GenerationService:
     # -- messages (called on the I/O thread: queue the work, never do it) -----------------------
     def generate(self, message: Generate, emit: Emit) -> None:
         # The request's ranges were checked when it was decoded (GenerateRequest.from_wire).
-        self._prepare(message.req_id, lambda: self._generate(message, emit), emit)
+        self._prepare(message.req_id, lambda: self._generate(message, emit), emit, self._weight(message.request))
 
     def count(self, message: CountTokens, emit: Emit) -> None:
-        self._prepare(message.req_id, lambda: self._count(message, emit), emit)
+        self._prepare(message.req_id, lambda: self._count(message, emit), emit, self._weight(message.request))
 
     def compact(self, message: Compact, emit: Emit) -> None:
-        self._prepare(message.req_id, lambda: self._compact(message, emit), emit)
+        self._prepare(message.req_id, lambda: self._compact(message, emit), emit, self._weight(message.request))
 
     def cancel(self, req_id: str) -> None:
         with self._lock:
@@ -125,8 +125,15 @@ class GenerationService:
     def stop(self) -> None:
         self.preparer.stop()
 
+    def _weight(self, request: GenerateRequest) -> int:
+        """What preparing a request weighs on the pool: its characters, except for one provably
+        longer than the window (then refused untokenized, 400, never 503 for the pool's load)."""
+        chars = request_weight(request)
+        most = self.bound.max_bytes
+        return 0 if most is not None and chars > self.config.context_window * most else chars
+
     # -- preparation (on the preparation threads) ------------------------------------------------
-    def _prepare(self, req_id: str, job: Callable[[], None], emit: Emit) -> None:
+    def _prepare(self, req_id: str, job: Callable[[], None], emit: Emit, weight: int = 0) -> None:
         with self._lock:
             self._preparing.add(req_id)
 
@@ -144,7 +151,7 @@ class GenerationService:
                     self._preparing.discard(req_id)
                     self._dropped.discard(req_id)
 
-        if not self.preparer.submit(run):
+        if not self.preparer.submit(run, weight):
             with self._lock:
                 self._preparing.discard(req_id)
             emit(Failed(req_id, 503, "server_is_overloaded", "The worker is busy preparing other requests; retry shortly."))
@@ -271,6 +278,7 @@ class GenerationService:
             params=params,
             stop_tokens=frozenset(self.tokenizer.eos_token_ids),
             on_step=run.on_step,
+            on_progress=run.on_progress,
             logits_processors=processors,
             cache_key=request.cache_key,
             cache_scope=request.cache_scope,
@@ -281,6 +289,21 @@ class GenerationService:
     def _forget(self, req_id: str) -> None:
         with self._lock:
             self._handles.pop(req_id, None)
+
+
+def request_weight(request: GenerateRequest) -> int:
+    """Characters a request's preparation renders and tokenizes: what its cost grows with."""
+    total = len(request.instructions or "") + len(request.raw_prompt or "")
+    for item in request.input:
+        if isinstance(item, Message):
+            total += sum(len(part.text) for part in item.content)
+        elif isinstance(item, FunctionCall):
+            total += len(item.arguments)
+        elif isinstance(item, FunctionCallOutput):
+            total += len(item.output)
+        elif isinstance(item, Reasoning):
+            total += len(item.text)
+    return total
 
 
 class _Run:
@@ -317,6 +340,12 @@ class _Run:
             self.service._forget(self.req_id)
             self.emit(Failed(self.req_id, 500, "server_error", "The response could not be assembled."))
             raise  # the scheduler then ends this request
+
+    def on_progress(self) -> None:
+        """A chunk of the prompt is prefilled: an Event with no events tells the gateway this
+        request is alive (its between-events deadline would otherwise run during a long prefill)."""
+        if not self.failed:
+            self.emit(Event(self.req_id, []))
 
     def usage(self) -> dict[str, Any]:
         """Usage so far: what Done would report if the request ended now."""

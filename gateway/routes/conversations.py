@@ -47,8 +47,10 @@ def _key(request: Request) -> str:
     return conversation_key(request.path_params["conversation_id"], _owner(request))
 
 
-async def _require(request: Request) -> Conversation:
-    conv = await _store(request).get(_key(request))
+async def _require(request: Request, *, items: bool = True) -> Conversation:
+    """The conversation (without its items unless asked: their cost grows with the conversation)."""
+    store = _store(request)
+    conv = await (store.get(_key(request)) if items else store.header(_key(request)))
     if conv is None:
         cid = request.path_params["conversation_id"]
         raise ApiError(404, f"Conversation with id '{cid}' not found.", code="not_found", param="conversation_id")
@@ -98,23 +100,23 @@ async def create_conversation(request: Request) -> Response:
 
 
 async def get_conversation(request: Request) -> Response:
-    return JSONResponse((await _require(request)).resource())
+    return JSONResponse((await _require(request, items=False)).resource())
 
 
 async def update_conversation(request: Request) -> Response:
     raw = await _body(request)
-    await _require(request)
+    await _require(request, items=False)
     if "metadata" not in raw:
         raise invalid("Missing required parameter: 'metadata'.", param="metadata", code="missing_required_parameter")
     metadata = check_metadata(raw.get("metadata")) or {}
     conv = await _store(request).set_metadata(_key(request), metadata)
     if conv is None:  # deleted meanwhile (by another request)
-        conv = await _require(request)
+        conv = await _require(request, items=False)
     return JSONResponse(conv.resource())
 
 
 async def delete_conversation(request: Request) -> Response:
-    conv = await _require(request)
+    conv = await _require(request, items=False)
     await _store(request).delete(_key(request))
     return JSONResponse({"id": conv.id, "object": "conversation.deleted", "deleted": True})
 
@@ -132,11 +134,11 @@ async def list_items(request: Request) -> Response:
 
 async def add_items(request: Request) -> Response:
     raw = await _body(request)
-    await _require(request)
+    await _require(request, items=False)
     if "items" not in raw:
         raise invalid("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
     items = await _items(raw.get("items"), "items", _service(request), _owner(request))
-    conv = await _require(request)
+    conv = await _require(request, items=False)
     added = await _store(request).add_items(_key(request), items, conversation_id=conv.id)
     await _index(request, _key(request), added)
     return JSONResponse(item_list(added))

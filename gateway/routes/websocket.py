@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from typing import Any
@@ -96,6 +97,11 @@ async def responses_socket(ws: WebSocket) -> None:
                 del by_org[org]
 
 
+def _held(frame: str | bytes) -> int:
+    """The memory a queued frame holds (a str of wide characters takes up to 4 bytes each)."""
+    return len(frame) if isinstance(frame, bytes) else sys.getsizeof(frame)
+
+
 class ClientGone(Exception):
     """The socket closed while a turn was running."""
 
@@ -112,6 +118,10 @@ class Session:
         self.inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self.gone = asyncio.Event()
         self.flooded = False
+        # What the waiting frames hold, counted against the body budget: 32 frames of the largest
+        # body each would otherwise be a gigabyte queued by one client.
+        self.queued_bytes = 0
+        self.overfull = False
         principal = ws.scope.get(PRINCIPAL_SCOPE_KEY)
         self.principal = principal
         self.owner = getattr(principal, "org_id", None)
@@ -130,8 +140,14 @@ class Session:
                     frame = await asyncio.wait_for(self.inbox.get(), max(remaining, 0)) if remaining > 0 else None
                 except asyncio.TimeoutError:
                     frame = None
+                if frame is not None:
+                    self.queued_bytes -= _held(frame)
                 if frame is None:
                     if self.gone.is_set():
+                        break
+                    if self.overfull:
+                        limit = self.settings.max_body_bytes
+                        await self._close_with(ApiError(413, f"More than {limit} bytes of response.create messages are waiting on this connection; send the next once a response has ended.", code="request_too_large"), 1009)
                         break
                     if self.flooded:
                         await self._close_with(ApiError(400, f"More than {PENDING_LIMIT} response.create messages are waiting on this connection; send the next once a response has ended.", code="too_many_pending_requests"), 1008)
@@ -159,6 +175,11 @@ class Session:
                     self.flooded = True
                     self.inbox.put_nowait(None)
                     return
+                if self.queued_bytes + _held(data) > self.settings.max_body_bytes and self.inbox.qsize():
+                    self.overfull = True  # this frame is dropped; those waiting still run
+                    self.inbox.put_nowait(None)
+                    return
+                self.queued_bytes += _held(data)
                 self.inbox.put_nowait(data)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass

@@ -62,6 +62,9 @@ class Conversation:
     created_at: int
     metadata: dict[str, str] = field(default_factory=dict)
     items: list[dict[str, Any]] = field(default_factory=list)
+    # What ``items`` weigh as JSON, kept up to date by the memory store so that an append costs
+    # the bytes it adds, not a recount of the whole conversation (None: not counted yet).
+    items_bytes: int | None = field(default=None, repr=False, compare=False)
 
     def resource(self) -> dict[str, Any]:
         return {"id": self.id, "object": "conversation", "created_at": self.created_at, "metadata": dict(self.metadata)}
@@ -92,6 +95,10 @@ class MemoryConversationStore:
     def enabled(self) -> bool:
         return self._lru.enabled
 
+    async def header(self, key: str) -> Conversation | None:
+        conv = self._lru.get(key)
+        return None if conv is None else Conversation(conv.id, conv.created_at, dict(conv.metadata))
+
     def _keep(self, key: str, conv: Conversation) -> None:
         self._lru.resize(key, conv, conversation_size(conv))
 
@@ -119,7 +126,9 @@ class MemoryConversationStore:
         if conv is None:
             conv = Conversation(conversation_id or key, int(time.time()))
         added = [as_resource_item(i) for i in items]
-        conv.items = conv.items + added
+        if conv.items_bytes is not None:
+            conv.items_bytes += items_bytes(added) - 1
+        conv.items.extend(added)
         self._keep(key, conv)
         return added
 
@@ -127,7 +136,10 @@ class MemoryConversationStore:
         conv = self._lru.get(key)
         if conv is None or conv.find(item_id) is None:
             return None
-        conv.items = [i for i in conv.items if i.get("id") != item_id]
+        kept = [i for i in conv.items if i.get("id") != item_id]
+        if conv.items_bytes is not None:
+            conv.items_bytes -= items_bytes([i for i in conv.items if i.get("id") == item_id]) - 1
+        conv.items = kept
         self._keep(key, conv)
         return conv
 
@@ -140,10 +152,20 @@ class MemoryConversationStore:
         """Swap the items for a compacted history (metadata and creation time stay)."""
         conv = self._lru.get(key) or Conversation(conversation_id or key, int(time.time()))
         conv.items = [as_resource_item(i) for i in items]
+        conv.items_bytes = None  # recounted: the items are all new
         self._keep(key, conv)
         return list(conv.items)
 
 
+def items_bytes(items: list[dict[str, Any]]) -> int:
+    """What a list of items weighs as JSON: each item, a separator each, the brackets (one
+    counted per item, so that counts of parts add up: the list's weight is 1 + each item's)."""
+    return 1 + sum(approx_bytes(i) + 1 for i in items)
+
+
 def conversation_size(conv: Conversation) -> int:
-    """What a conversation costs against the byte budget (its items and metadata as JSON)."""
-    return approx_bytes(conv.items) + approx_bytes(conv.metadata) + 64
+    """What a conversation costs against the byte budget (its items and metadata as JSON). The
+    items are weighed once; the memory store keeps the count as they change."""
+    if conv.items_bytes is None:
+        conv.items_bytes = items_bytes(conv.items)
+    return conv.items_bytes + approx_bytes(conv.metadata) + 64

@@ -3,8 +3,11 @@
 A background job's stream events are recorded here with the sequence numbers a live stream would
 have given them (gateway/sse.py numbers them the same way), so a client can replay them after any
 ``starting_after`` and then follow the live ones until the terminal event. Each buffer keeps the
-last ``max_events`` events (older ones are dropped; a ``starting_after`` before the oldest kept
-is refused), and finished buffers stay readable for the ``max_finished`` most recent responses.
+last ``max_events`` events within ``max_bytes`` of JSON (older ones are dropped; a
+``starting_after`` before the oldest kept is refused), and finished buffers stay readable for the
+``max_finished`` most recent responses while they hold ``max_total_bytes`` in all (the oldest is
+evicted first, and then reads as an expired stream). Bytes, not only counts: one event with
+``top_logprobs`` or a terminal event's whole response can weigh kilobytes to megabytes.
 
 ``EventBuffers`` is the EventLog of one process; ``redis/events.py`` keeps the same numbered
 events in Redis streams, so that any replica can replay and follow them.
@@ -13,12 +16,15 @@ events in Redis streams, so that any replica can replay and follow them.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 DEFAULT_MAX_EVENTS = 4096
 DEFAULT_MAX_FINISHED = 256
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024  # one buffer's events, as JSON
+DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024  # all finished buffers together
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
@@ -30,18 +36,38 @@ class TooOld(Exception):
         self.oldest = oldest
 
 
+def event_bytes(event: dict[str, Any]) -> int:
+    """What an event weighs: the length of its JSON, as a replay sends it."""
+    return len(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+
+
 class EventBuffer:
-    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
-        self._events: deque[dict[str, Any]] = deque(maxlen=max_events)
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._events: deque[dict[str, Any]] = deque()
+        self._sizes: deque[int] = deque()
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self._next = 0
         self.done = False
         self._changed = asyncio.Event()
+
+    def _append(self, stamped: dict[str, Any]) -> None:
+        """Keep one numbered event, dropping the oldest beyond the count or the byte bound (the
+        newest is always kept, so a follower still sees the end)."""
+        size = event_bytes(stamped)
+        self._events.append(stamped)
+        self._sizes.append(size)
+        self.nbytes += size
+        while len(self._events) > 1 and (len(self._events) > self.max_events or self.nbytes > self.max_bytes):
+            self._events.popleft()
+            self.nbytes -= self._sizes.popleft()
 
     def record(self, event: dict[str, Any]) -> dict[str, Any]:
         """Number ``event`` and keep it; returns the numbered event."""
         stamped = {**event, "sequence_number": self._next}
         self._next += 1
-        self._events.append(stamped)
+        self._append(stamped)
         if stamped.get("type") in TERMINAL_EVENTS:
             self.done = True
         self._changed.set()
@@ -54,7 +80,7 @@ class EventBuffer:
         if self.done:
             return
         self._next = stamped["sequence_number"] + 1
-        self._events.append(stamped)
+        self._append(stamped)
         if stamped.get("type") in TERMINAL_EVENTS:
             self.done = True
         self._changed.set()
@@ -92,14 +118,23 @@ class EventBuffers:
     """The EventLog of one process: the buffers of in-flight responses, and of the most
     recently finished ones."""
 
-    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, max_finished: int = DEFAULT_MAX_FINISHED) -> None:
+    def __init__(
+        self,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        max_finished: int = DEFAULT_MAX_FINISHED,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> None:
         self.max_events = max_events
         self.max_finished = max_finished
+        self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
         self._live: dict[str, EventBuffer] = {}
         self._finished: OrderedDict[str, EventBuffer] = OrderedDict()
+        self.finished_bytes = 0  # what the finished buffers hold (they no longer change)
 
     def open(self, response_id: str) -> EventBuffer:
-        buffer = EventBuffer(self.max_events)
+        buffer = EventBuffer(self.max_events, self.max_bytes)
         self._live[response_id] = buffer
         return buffer
 
@@ -112,8 +147,10 @@ class EventBuffers:
             buffer.record(terminal)
         buffer.close()
         self._finished[response_id] = buffer
-        while len(self._finished) > self.max_finished:
-            self._finished.popitem(last=False)
+        self.finished_bytes += buffer.nbytes
+        while self._finished and (len(self._finished) > self.max_finished or self.finished_bytes > self.max_total_bytes):
+            _, evicted = self._finished.popitem(last=False)
+            self.finished_bytes -= evicted.nbytes
 
     def get(self, response_id: str) -> EventBuffer | None:
         return self._live.get(response_id) or self._finished.get(response_id)
@@ -126,4 +163,6 @@ class EventBuffers:
 
     def forget(self, response_id: str) -> None:
         self._live.pop(response_id, None)
-        self._finished.pop(response_id, None)
+        finished = self._finished.pop(response_id, None)
+        if finished is not None:
+            self.finished_bytes -= finished.nbytes

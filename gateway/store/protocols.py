@@ -87,6 +87,10 @@ class ConversationStore(Protocol):
     async def get(self, key: str) -> Conversation | None:
         """The ``Conversation`` with its items, or None."""
 
+    async def header(self, key: str) -> Conversation | None:
+        """The ``Conversation`` without its items (id, created time, metadata), or None: what an
+        existence check or the resource needs, at a cost that does not grow with the items."""
+
     async def delete(self, key: str) -> bool: ...
 
     async def set_metadata(self, key: str, metadata: dict[str, str]) -> Conversation | None: ...

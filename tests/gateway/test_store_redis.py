@@ -227,6 +227,28 @@ async def test_background_job_created_on_a_is_polled_streamed_and_cancelled_on_b
         assert_stream(events)
 
 
+async def test_finished_event_streams_are_bounded_in_bytes_across_replicas(shared):
+    """Issue 30 item 5 on Redis: a stream beyond its byte bound loses its oldest events, and the
+    finished streams together stay within theirs, the oldest dropped first (then read as expired)."""
+    async with replicas(*shared) as (a, b):
+        log = a.service.event_buffers
+        log.max_bytes, log.max_total_bytes = 250_000, 1_000_000
+        heavy = {"input": "work", "instructions": "x" * 100_000, "background": True}
+        ids = []
+        for _ in range(6):  # each ~4 snapshots of 100 KB: trimmed to 250 KB, 6 > 1 MB in all
+            ids.append((await a.create(**heavy))["id"])
+            await _poll(b, ids[-1])
+        deadline = time.monotonic() + 10
+        while (oldest := await b.get(f"/v1/responses/{ids[0]}", params={"stream": "true"})).status_code != 400:
+            assert time.monotonic() < deadline, "the oldest finished stream was kept beyond the byte bound"
+            await asyncio.sleep(0.05)
+        assert oldest.json()["error"]["param"] == "stream"
+        newest = await b.get(f"/v1/responses/{ids[-1]}", params={"stream": "true"})
+        assert newest.status_code == 400 and newest.json()["error"]["param"] == "starting_after"  # its head was trimmed
+        tail = _sse((await b.get(f"/v1/responses/{ids[-1]}", params={"stream": "true", "starting_after": "3"})).text)
+        assert tail[-1]["type"] == "response.completed"
+
+
 async def test_background_job_finishes_and_chains_from_the_other_replica(shared):
     async with replicas(*shared) as (a, b):
         job = await a.create(input="work", background=True)

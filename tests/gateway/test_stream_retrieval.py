@@ -17,6 +17,7 @@ import pytest
 
 from kiln.gateway.store.events import EventBuffer, TooOld
 from tests.conformance import assert_error, assert_stream
+from tests.gateway.inprocess import MODEL as INPROC_MODEL, bounded, client_for, local_app
 from tests.support import Kiln
 
 MODEL = "kiln-scripted"
@@ -162,3 +163,43 @@ def test_node_sdk_stream_by_response_id_resumes(server):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["resumed"] == result["unbroken"]
     assert result["last"] == "response.completed"
+
+
+async def test_buffer_drops_oldest_events_beyond_its_byte_bound():
+    buffer = EventBuffer(max_events=1000, max_bytes=10_000)
+    for i in range(10):
+        buffer.record({"type": "response.output_text.delta", "delta": str(i) * 2000})
+    assert buffer.nbytes <= 10_000
+    with pytest.raises(TooOld):
+        await buffer.follow(0).__anext__()
+    buffer.record({"type": "response.completed", "response": {}})
+    got = [e async for e in buffer.follow(7)]
+    assert [e["sequence_number"] for e in got] == [8, 9, 10]
+
+
+async def _finish_background(client, body: dict) -> str:
+    r = await bounded(client.post("/v1/responses", json={**body, "background": True}))
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    for _ in range(500):
+        if (await bounded(client.get(f"/v1/responses/{rid}"))).json()["status"] not in ("queued", "in_progress"):
+            return rid
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{rid} did not finish")
+
+
+async def test_finished_event_buffers_are_bounded_in_bytes_oldest_evicted():
+    """Issue 30 item 5: heavy finished streams (here 1 MB instructions, in each snapshot event)
+    are kept within a byte budget, not 256 of them whatever they weigh; the oldest goes first and
+    then reads as an expired stream, the newest still replays."""
+    app, _ = local_app()
+    heavy = {"model": INPROC_MODEL, "input": "hi", "instructions": "x" * (1 << 20)}
+    async with client_for(app) as client:
+        ids = [await _finish_background(client, heavy) for _ in range(30)]
+        oldest = await bounded(client.get(f"/v1/responses/{ids[0]}", params={"stream": "true"}))
+        newest = await bounded(client.get(f"/v1/responses/{ids[-1]}", params={"stream": "true"}))
+    assert oldest.status_code == 400, oldest.text[:200]
+    assert_error(oldest.json())
+    assert oldest.json()["error"]["param"] == "stream"
+    assert newest.status_code == 200
+    assert '"type":"response.completed"' in newest.text

@@ -7,16 +7,21 @@ The real SDK against real processes is in tests/e2e/test_websocket_real_model.py
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sqlite3
 
 import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
+from starlette.websockets import WebSocketDisconnect
 
+from kiln.gateway.app import create_app
+from kiln.gateway.settings import Settings
 from kiln.gateway.store.connection import ConnectionState
+from kiln.protocol import Generate
 from tests.conformance.websocket import assert_ws_error, assert_ws_turn
-from tests.gateway.inprocess import MODEL, hosted_app, local_app
+from tests.gateway.inprocess import MODEL, FakePool, hosted_app, local_app
 
 URL = "ws://127.0.0.1/v1/responses"
 
@@ -288,3 +293,47 @@ def test_codex_config_turns_websockets_on_and_says_how_to_turn_it_off(tmp_path):
         text = provider_block(model="m", base_url="http://127.0.0.1:8080/v1", catalog_path=tmp_path / "c.json", websockets=on)
         assert tomllib.loads(text)["model_providers"]["kiln"]["supports_websockets"] is on
         assert "--websocket off" in text
+
+
+class _SlowPool(FakePool):
+    """The fake worker, answering each generation after ``delay_s`` (so that turns queue)."""
+
+    delay_s = 0.5
+
+    async def _send(self, identity, message):
+        if not isinstance(message, Generate):
+            return await super()._send(identity, message)
+
+        async def later():
+            await asyncio.sleep(self.delay_s)
+            await super(_SlowPool, self)._send(identity, message)
+
+        self._later = asyncio.ensure_future(later())
+
+
+def test_frames_waiting_behind_a_turn_are_bounded_in_bytes():
+    """Issue 30 item 6: what waits behind the running turn counts against the body budget (here
+    10 kB): 32 frames of the largest body each were a gigabyte queued by one client. The frame
+    beyond it is refused with 413 and the socket closed 1009, after the turns already waiting."""
+    pool = _SlowPool()
+    app = create_app(Settings(max_body_bytes=10_000), pool=pool)
+    frame = json.dumps({"type": "response.create", "model": MODEL, "input": "x" * 4000})
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL) as ws:
+            ws.send_text(frame)
+            assert json.loads(ws.receive_text())["type"] == "response.created"  # turn 1 runs
+            for _ in range(3):  # 2 fit in 10 kB while turn 1 runs, the 3rd does not
+                ws.send_text(frame)
+            terminal: list[str] = []
+            while len(terminal) < 4:  # before the bound: all 4 turns ran, and no error came
+                got = json.loads(ws.receive_text())
+                if got["type"] == "error":
+                    break
+                if got["type"] in ("response.completed", "response.failed", "response.incomplete"):
+                    terminal.append(got["type"])
+            assert terminal == ["response.completed"] * 3
+            assert_ws_error(got)
+            assert got["status"] == 413 and got["error"]["code"] == "request_too_large"
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_text()
+            assert closed.value.code == 1009

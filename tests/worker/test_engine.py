@@ -290,6 +290,19 @@ def test_chunked_prefill_same_output_and_does_not_stall_decoding(model, make_sch
     assert long.wait().tokens == expected
 
 
+def test_long_prefill_reports_progress_per_chunk_before_its_first_token(model, make_scheduler):
+    """Issue 30 item 9: each chunk of a long prompt calls on_progress (the worker turns it into a
+    keep-alive the gateway's event deadline counts), all before the first token."""
+    s = make_scheduler(cache_bytes=0, prefill_chunk=8)
+    s.start()
+    run = Run(prompt_for(5, 100), temperature=0, max_tokens=2)
+    progress: list[bool] = []
+    run.req.on_progress = lambda: progress.append(run.first.is_set())
+    run.submit(s).wait()
+    # 100 tokens in chunks of 8: at least the 11 chunks before the last report, none after it.
+    assert len(progress) >= 10 and not any(progress)
+
+
 def test_multi_turn_prefix_cache_hit_gives_identical_output(model, make_scheduler):
     s = make_scheduler()
     s.start()

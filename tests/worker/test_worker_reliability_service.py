@@ -193,6 +193,29 @@ def test_full_preparation_queue_answers_503(scripted):
     assert isinstance(inbox.final("a"), Done) and isinstance(inbox.final("b"), Done)
 
 
+def test_preparation_past_its_weight_answers_503_and_an_idle_pool_takes_any(scripted):
+    """Issue 30 item 8: the preparation queue is bounded in work, not only in jobs: large prompts
+    beyond ``max_weight`` characters waiting or running are refused at once (the gateway retries
+    elsewhere or answers 503 with Retry-After) instead of piling up until heartbeats starve."""
+    gate = Gate()
+    svc = service(scripted, window=100_000, tools_prompt=gate, preparer=Preparer(threads=1, depth=64, max_weight=1000))
+    inbox = Inbox()
+    svc.generate(Generate("a", "resp_a", body("x" * 600)), inbox)
+    assert gate.entered.wait(WAIT)
+    svc.generate(Generate("b", "resp_b", body("x" * 300)), inbox)  # 900 of 1000: waits
+    svc.generate(Generate("c", "resp_c", body("x" * 300)), inbox)  # 1200: refused
+    refused = inbox.final("c")
+    assert isinstance(refused, Failed) and (refused.http_status, refused.code) == (503, "server_is_overloaded")
+    gate.release.set()
+    assert isinstance(inbox.final("a"), Done) and isinstance(inbox.final("b"), Done)
+    deadline = time.monotonic() + WAIT
+    while svc.preparer.weight():  # the bookkeeping may trail the answer
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    svc.generate(Generate("d", "resp_d", body("x" * 5000)), inbox)  # heavier than it all, but alone
+    assert isinstance(inbox.final("d"), Done)
+
+
 class CountingTokenizer(ByteTokenizer):
     def __init__(self) -> None:
         self.encoded = 0

@@ -351,6 +351,16 @@ class Scheduler:
                 self._join([head], cache, own_cache=True)
                 return
             mx.clear_cache()  # between chunks of a long prompt
+            self._progress(head.req)
+
+    def _progress(self, req: EngineRequest) -> None:
+        """Tell the request's owner a chunk of its prompt is done; its bug never stops the loop."""
+        if req.on_progress is None:
+            return
+        try:
+            req.on_progress()
+        except Exception:
+            log.exception("on_progress callback failed")
 
     def _begin(self, p: Prefill) -> bool:
         """Set up one queued prefill (prefix lookup, its sampler) once; a failure fails it alone."""

@@ -92,6 +92,10 @@ class EngineRequest:
     # Called on the scheduler thread for every step; must not block; the last call has
     # finish_reason set.
     on_step: Callable[[Step], None]
+    # Called on the scheduler thread after each chunk of a long prompt's prefill (no token yet);
+    # must not block. The worker reports it to the gateway, whose between-events deadline counts
+    # silence, so a long prompt being processed is never taken for a hung worker.
+    on_progress: Callable[[], None] | None = None
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
     cache_key: str | None = None  # prompt_cache_key hint
     cache_scope: str | None = None  # the prefix cache entries this request may see (cache.py)

@@ -41,6 +41,13 @@ class RedisConversationStore:
         return Conversation(fields["id"], int(fields["created_at"]), loads(fields.get("metadata") or "{}"), [loads(raw) for raw in items])
 
     @guarded
+    async def header(self, key: str) -> Conversation | None:
+        flat = await self.ctx.run(scripts.CONV_HEAD, self.prefix, key)
+        if not flat:
+            return None
+        return self._conversation({flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}, [])
+
+    @guarded
     async def create(self, key: str, conv: Conversation) -> bool:
         items = [dumps(as_resource_item(i)) for i in conv.items]
         return bool(await self.ctx.run(scripts.CONV_CREATE, self.prefix, key, conv.id, conv.created_at, dumps(conv.metadata), self.ttl_ms, *self._limits(), *items))
@@ -58,7 +65,7 @@ class RedisConversationStore:
     async def set_metadata(self, key: str, metadata: dict[str, str]) -> Conversation | None:
         if not await self.ctx.run(scripts.CONV_METADATA, self.prefix, key, dumps(metadata), *self._limits()):
             return None
-        return await self.get(key)
+        return await self.header(key)
 
     @guarded
     async def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 The stream of response ``R`` is ``NS:ev:R``; an event's entry id is ``<sequence_number>-1``, so
 ``starting_after=N`` is an XRANGE from ``N+1`` and following is an XREAD after the last id seen.
-Streams are capped (``XADD MAXLEN``, the memory buffer's ``max_events``), a finished stream stays
-readable for the response TTL and only the ``max_finished`` most recent ones are kept.
+Streams are capped as the memory buffers are: ``max_events`` (``XADD MAXLEN``) within ``max_bytes``
+(the recorder trims the oldest, ``XTRIM MINID``); a finished stream stays readable for the response
+TTL while it is among the ``max_finished`` most recent ones and they weigh ``max_total_bytes`` in
+all (each one's weight is kept beside the finished set, the oldest is dropped first).
 
 The replica running the response records events without waiting: ``record``/``keep`` queue them
 (bounded) and one writer task per response sends each batch in one pipeline, so a slow Redis never
@@ -21,7 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..events import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FINISHED, TERMINAL_EVENTS, TooOld
+from ..events import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_FINISHED, DEFAULT_MAX_TOTAL_BYTES, TERMINAL_EVENTS, TooOld
 from ..protocols import StoreUnavailable
 from . import scripts
 from ...tasks import stop_tasks
@@ -48,6 +50,8 @@ class RedisRecorder:
         self._next = 0
         self.done = False
         self._pending: deque[dict[str, Any]] = deque(maxlen=log_.max_events)
+        self._kept: deque[tuple[int, int]] = deque()  # (sequence number, bytes) of what the stream holds
+        self.nbytes = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -94,12 +98,27 @@ class RedisRecorder:
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
         pipe = self._log.ctx.redis.pipeline(transaction=False)
+        sizes = []
         for event in batch:
-            pipe.xadd(self.key, {"e": dumps(event), "t": event.get("type", "")}, id=f"{event['sequence_number']}-1", maxlen=self._log.max_events, approximate=False)
+            data = dumps(event)
+            sizes.append((event["sequence_number"], len(data)))
+            pipe.xadd(self.key, {"e": data, "t": event.get("type", "")}, id=f"{event['sequence_number']}-1", maxlen=self._log.max_events, approximate=False)
         pipe.pexpire(self.key, self._log.live_ttl_ms)
         # An id at or below the last one kept is refused: the job was taken over (its stream
         # already ends with the terminal event the replica that took it appended). Not an error.
         await pipe.execute(raise_on_error=False)
+        await self._trim(sizes)
+
+    async def _trim(self, written: list[tuple[int, int]]) -> None:
+        """Drop the oldest entries beyond the byte bound (MAXLEN already kept the count)."""
+        self._kept.extend(written)
+        self.nbytes += sum(size for _, size in written)
+        trimmed = False
+        while len(self._kept) > 1 and (len(self._kept) > self._log.max_events or self.nbytes > self._log.max_bytes):
+            self.nbytes -= self._kept.popleft()[1]
+            trimmed = True
+        if trimmed:
+            await self._log.ctx.redis.xtrim(self.key, minid=f"{self._kept[0][0]}-0", approximate=False)
 
     async def flush(self) -> bool:
         """Wait (bounded) until every event recorded so far is in Redis."""
@@ -157,10 +176,22 @@ class RedisEventReader:
 
 
 class RedisEventLog:
-    def __init__(self, ctx: RedisContext, *, finished_ttl_s: float, idle_s: float, max_events: int = DEFAULT_MAX_EVENTS, max_finished: int = DEFAULT_MAX_FINISHED) -> None:
+    def __init__(
+        self,
+        ctx: RedisContext,
+        *,
+        finished_ttl_s: float,
+        idle_s: float,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        max_finished: int = DEFAULT_MAX_FINISHED,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    ) -> None:
         self.ctx = ctx
         self.max_events = max_events
         self.max_finished = max_finished
+        self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
         self.finished_ttl_ms = int(finished_ttl_s * 1000)
         self.idle_s = idle_s
         # A live stream outlives the longest silence of a running response by far.
@@ -179,7 +210,7 @@ class RedisEventLog:
             recorder.record(terminal)
         await recorder.flush()
         await recorder.stop()
-        await self._finished(response_id)
+        await self._finished(response_id, recorder.nbytes)
 
     async def discard(self, response_id: str) -> None:
         """Stop recording without a terminal event (the job was taken over elsewhere)."""
@@ -197,9 +228,11 @@ class RedisEventLog:
             return
         await self._finished(response_id)
 
-    async def _finished(self, response_id: str) -> None:
+    async def _finished(self, response_id: str, nbytes: int = -1) -> None:
+        """Keep the finished stream within the bounds; ``nbytes`` -1: weighed in Redis (a stream
+        another replica wrote)."""
         try:
-            await self.ctx.run(scripts.EVENTS_FINISH, self.ctx.keys.events(""), response_id, self.ctx.keys.finished_events, self.finished_ttl_ms, self.max_finished)
+            await self.ctx.run(scripts.EVENTS_FINISH, self.ctx.keys.events(""), response_id, self.ctx.keys.finished_events, self.finished_ttl_ms, self.max_finished, nbytes, self.max_total_bytes)
         except BACKEND_ERRORS as exc:
             log.warning("finished stream not marked: redis unavailable", extra={"response_id": response_id, "error": str(exc)})
 

@@ -224,6 +224,16 @@ redis.call('ZADD', p .. ':lru', 'XX', now_ms(), key)
 return {fields, redis.call('LRANGE', d .. ':items', 0, -1)}
 """
 
+# ARGV: prefix, key. The hash's fields (flat), or nil: CONV_GET without the items; a hit is a use.
+CONV_HEAD = LIB + r"""
+local p, key = ARGV[1], ARGV[2]
+local d = p .. ':d:' .. key
+local fields = redis.call('HGETALL', d)
+if #fields == 0 then return nil end
+redis.call('ZADD', p .. ':lru', 'XX', now_ms(), key)
+return fields
+"""
+
 # -- the item index: P:h field -> holder, P:z field -> when added; oldest forgotten first ------
 
 # ARGV: prefix, max entries, holder, fields...
@@ -349,17 +359,32 @@ redis.call('XADD', key, 'MAXLEN', tonumber(ARGV[4]), seq .. '-1', 'e', event, 't
 return seq
 """
 
-# ARGV: stream key prefix (NS:ev:), id, finished set, ttl ms (0: none), max finished. Keeps the
-# finished stream readable a while; the oldest finished streams past the cap are dropped.
+# ARGV: stream key prefix (NS:ev:), id, finished set, ttl ms (0: none), max finished, the stream's
+# bytes (-1: weigh it here), max bytes of all finished streams. Keeps the finished stream readable a
+# while; the oldest finished streams past either cap are dropped. Each one's weight is in the hash
+# ``<finished>:bytes``, their sum under its field ``#total``.
 EVENTS_FINISH = LIB + r"""
 local prefix, id, finished = ARGV[1], ARGV[2], ARGV[3]
 local ttl, max = tonumber(ARGV[4]), tonumber(ARGV[5])
+local size, max_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local sizes = finished .. ':bytes'
+if size < 0 then
+  size = 0
+  for _, entry in ipairs(redis.call('XRANGE', prefix .. id, '-', '+')) do size = size + #entry[2][2] end
+end
 if ttl > 0 then redis.call('PEXPIRE', prefix .. id, ttl) else redis.call('PERSIST', prefix .. id) end
 redis.call('ZADD', finished, now_ms(), id)
-local over = redis.call('ZCARD', finished) - max
-if over > 0 then
-  for _, old in ipairs(redis.call('ZRANGE', finished, 0, over - 1)) do redis.call('DEL', prefix .. old) end
-  redis.call('ZREMRANGEBYRANK', finished, 0, over - 1)
+local was = tonumber(redis.call('HGET', sizes, id) or '0')
+redis.call('HSET', sizes, id, size)
+local total = redis.call('HINCRBY', sizes, '#total', size - was)
+local count = redis.call('ZCARD', finished)
+while count > 1 and (count > max or total > max_bytes) do
+  local old = redis.call('ZRANGE', finished, 0, 0)[1]
+  redis.call('DEL', prefix .. old)
+  redis.call('ZREM', finished, old)
+  total = redis.call('HINCRBY', sizes, '#total', -tonumber(redis.call('HGET', sizes, old) or '0'))
+  redis.call('HDEL', sizes, old)
+  count = count - 1
 end
 return 1
 """
