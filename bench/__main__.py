@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-shape", default=None, help=f"comma-separated, from {', '.join(model_shapes.SHAPES)}: serve a random-weight GGUF of that model's exact shape (SmolLM2's tokenizer), written and quantized by llama.cpp's llama-quantize once (cached), on kiln and llama_cpp; one table per file and thread count")
     p.add_argument("--quant", default=",".join(model_shapes.DEFAULT_QUANTS), help=f"with --model-shape: comma-separated llama-quantize types, from {', '.join(model_shapes.QUANTS)} (default %(default)s)")
     p.add_argument("--shape-layers", type=int, default=None, help="with --model-shape: this many decoder blocks instead of the model's (a quicker file; the name says so)")
+    p.add_argument("--plain-rope", action="store_true", help="with --model-shape: write Llama 3 shapes without their rope_freqs tensor (plain RoPE at the same base; the name says so)")
     p.add_argument("--json", type=Path, default=None, help="write every run's metrics and the medians here")
     p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
     p.add_argument("--threads", default=None, help="compute threads for every peer: llama-server's -t, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS; comma-separated for one table per count (default: the usable core count; with --model-shape 1,2); 1 on a machine shared with other work, where spinning threads that wait for a descheduled one make 2 threads far slower than 1")
@@ -59,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         if opts.shape_layers is not None and opts.shape_layers < 1:
             raise ValueError("--shape-layers must be at least 1")
-        opts.shapes = [model_shapes.SHAPES[s].with_layers(opts.shape_layers) for s in model_shapes.parse_list(opts.model_shape, model_shapes.SHAPES, "model shape")] if shaped else []
+        opts.shapes = [model_shapes.select(s, opts.shape_layers, opts.plain_rope) for s in model_shapes.parse_list(opts.model_shape, model_shapes.SHAPES, "model shape")] if shaped else []
         opts.quants = model_shapes.parse_list(opts.quant, model_shapes.QUANTS, "quantization") if shaped else []
         opts.thread_counts = parse_threads(opts.threads) if opts.threads else (list(SHAPE_THREADS) if shaped else [None])
     except ValueError as exc:

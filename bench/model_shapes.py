@@ -108,6 +108,14 @@ class Shape:
             raise ValueError("layers must be at least 1")
         return dataclasses.replace(self, name=f"{self.name}-{layers}l", layers=layers)
 
+    def with_plain_rope(self) -> Shape:
+        """The same shape without Llama 3's `rope_freqs` (plain RoPE at the same base; the name
+        says so). Speed and memory are the same for llama.cpp; Kiln maps `rope_freqs` onto its
+        own RoPE module, which its native decode pass does not take (it decodes through mlx)."""
+        if self.rope_scaling is None:
+            return self
+        return dataclasses.replace(self, name=f"{self.name}-plainrope", rope_scaling=None)
+
 
 # From each model's config.json on the Hugging Face hub (meta-llama/Llama-3.2-1B-Instruct,
 # Llama-3.2-3B-Instruct, Llama-3.1-8B-Instruct, Qwen/Qwen2.5-7B-Instruct).
@@ -120,6 +128,12 @@ SHAPES: dict[str, Shape] = {
         Shape("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 1000000.0, 1e-6, False, 32768, qkv_bias=True),
     )
 }
+
+
+def select(name: str, layers: int | None = None, plain_rope: bool = False) -> Shape:
+    """The table's shape `name`, with `layers` blocks and without `rope_freqs` if asked."""
+    shape = SHAPES[name].with_layers(layers)
+    return shape.with_plain_rope() if plain_rope else shape
 
 
 def parse_list(text: str, allowed: tuple[str, ...] | dict[str, object], what: str) -> list[str]:
@@ -319,9 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("shape", help=f"comma-separated, from {', '.join(SHAPES)}")
     parser.add_argument("--quant", default=",".join(DEFAULT_QUANTS), help=f"comma-separated llama-quantize types, from {', '.join(QUANTS)} (default %(default)s)")
     parser.add_argument("--layers", type=int, default=None, help="decoder blocks, fewer than the real model's for a quick file (the name says so)")
+    parser.add_argument("--plain-rope", action="store_true", help="no rope_freqs tensor (Llama 3's RoPE scaling): plain RoPE at the same base")
     opts = parser.parse_args(argv)
     try:
-        shapes = [SHAPES[s].with_layers(opts.layers) for s in parse_list(opts.shape, SHAPES, "shape")]
+        shapes = [select(s, opts.layers, opts.plain_rope) for s in parse_list(opts.shape, SHAPES, "shape")]
         quants = parse_list(opts.quant, QUANTS, "quantization")
     except ValueError as exc:
         parser.error(str(exc))

@@ -90,8 +90,16 @@ def test_cache_names_change_with_everything_the_file_depends_on(tmp_path):
     q4 = ms.shape_path(one_b, "Q4_K_M", tokenizer=tok, quantizer_key="0.3.36-aaaa", root=tmp_path)
     assert q4 != ms.shape_path(one_b, "Q4_K_M", tokenizer=tok, quantizer_key="0.3.36-bbbb", root=tmp_path)
     assert q4 != ms.shape_path(ms.SHAPES["llama-3.2-3b"], "Q4_K_M", tokenizer=tok, quantizer_key="0.3.36-aaaa", root=tmp_path)
+    plain = ms.shape_path(one_b.with_plain_rope(), "F16", tokenizer=tok, root=tmp_path)
+    assert plain.name.startswith("llama-3.2-1b-plainrope-") and plain != base
     with pytest.raises(ValueError):
         ms.shape_path(one_b, "Q8_0", tokenizer=tok, root=tmp_path)  # a quantized file names its quantizer
+
+
+def test_plain_rope_file_has_no_rope_freqs(tmp_path):
+    path = ms.write_shape(SMALL.with_plain_rope(), tmp_path / "plain.gguf", tokenizer=bundled_gguf())
+    assert "rope_freqs.weight" not in _tensors(path)
+    assert read_header(path).metadata["llama.rope.freq_base"] == 500000.0
 
 
 def test_model_shape_options():
@@ -101,8 +109,9 @@ def test_model_shape_options():
     assert opts.thread_counts == [1, 2]
     assert opts.peers == "kiln,llama_cpp"
     assert opts.workloads == "single,concurrent,long_prompt"
-    opts = bench_main.parse_args(["--model-shape", "llama-3.2-1b", "--threads", "1", "--shape-layers", "2"])
+    opts = bench_main.parse_args(["--model-shape", "llama-3.2-1b", "--threads", "1", "--shape-layers", "2", "--plain-rope"])
     assert opts.thread_counts == [1] and opts.shapes[0].layers == 2 and opts.quants == ["Q4_K_M"]
+    assert opts.shapes[0].rope_scaling is None and opts.shapes[0].name == "llama-3.2-1b-2l-plainrope"
     plain = bench_main.parse_args([])
     assert plain.shapes == [] and plain.thread_counts == [None] and "mlx_lm_f32" in plain.peers
     assert bench_main.parse_args(["--threads", "2"]).thread_counts == [2]
