@@ -104,6 +104,7 @@ def build_server(settings: WorkerSettings):
         aliases, window = list(settings.model_alias), settings.context_length or 8192
         constraints = Constraints(tokenizer)
     else:
+        from .engine.native_verdict import CheckSource
         from .engine.scheduler import Scheduler
         from .engine.speculative import Speculation
         from .loading import load_model
@@ -113,7 +114,8 @@ def build_server(settings: WorkerSettings):
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
         constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
-        scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens))
+        check = CheckSource(loaded.source_path, settings.weights, settings.weight_layout)
+        scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
         model_id = settings.model_id or loaded.model_id
         aliases = sorted(set(loaded.aliases) | set(settings.model_alias) | {loaded.model_id, model_id})
         window = loaded.context_window
