@@ -108,14 +108,18 @@ def build_server(settings: WorkerSettings):
         from .engine.scheduler import Scheduler
         from .engine.speculative import Speculation
         from .loading import load_model
+        from .loading.progress import LoadProgress
 
         started = time.monotonic()
-        loaded = load_model(settings.model, weights=settings.weights)
+        progress = LoadProgress(settings.model or "the bundled model")
+        with progress.step("reading and converting the weights"):
+            loaded = load_model(settings.model, weights=settings.weights)
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
         constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
         check = CheckSource(loaded.source_path, settings.weights, settings.weight_layout)
-        scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
+        with progress.step("preparing the engine"):  # on the CPU: measures both weight layouts
+            scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
         model_id = settings.model_id or loaded.model_id
         aliases = sorted(set(loaded.aliases) | set(settings.model_alias) | {loaded.model_id, model_id})
         window = loaded.context_window

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -137,7 +138,9 @@ def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictSt
             if mode in known:
                 log.info("native build check (%s activations): %s, as when this model and kernel build were checked before", mode, "passed" if known[mode] else "failed")
                 return known[mode]
+            began = time.monotonic()
             verdicts[mode] = super()._matches(model)
+            log.info("native build check (%s activations): %s in %.1f s; kept for later starts", mode, "passed" if verdicts[mode] else "failed", time.monotonic() - began)
             store.put(key, verdicts, source.model_path)
             return verdicts[mode]
 
