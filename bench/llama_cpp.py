@@ -380,7 +380,7 @@ class Tool:
 def tool_binary(name: str, version: str = DEFAULT_VERSION) -> Tool:
     """llama.cpp program `name` built with the llama-server peer: beside it where that came from
     PATH, else the cached build for this CPU (built now if missing). Raises BuildError."""
-    server = server_binary(version)
+    server = server_binary() if version == DEFAULT_VERSION else server_binary(version)  # one lru_cache entry with the peer's call
     if server.origin == "on PATH":
         beside = server.path.with_name(name)
         if not beside.is_file():
