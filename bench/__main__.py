@@ -86,7 +86,10 @@ def parse_threads(text: str) -> list[int | None]:
     return out
 
 
-async def run_peer_once(server: Server, cfg: wl.Config, names: list[str], run: int) -> tuple[dict, list[str]]:
+async def run_peer_once(server: Server, cfg: wl.Config, names: list[str], run: int, started: float | None = None) -> tuple[dict, list[str]]:
+    """The warm-up request, then the workloads. `started` (perf_counter at the server's start):
+    `load.first_reply_s` is the time from it to the warm-up's last token, which includes whatever
+    a server still does after it says it is ready (Kiln's native build check)."""
     spec = server.spec
     api = make_api(spec.api, spec.base_url, spec.model, spec.exact_length)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -96,6 +99,8 @@ async def run_peer_once(server: Server, cfg: wl.Config, names: list[str], run: i
             raise RuntimeError(f"warm-up request failed: {warm.error}")
         ctx = wl.Context(api=api, client=client, cfg=cfg, run=run, progress=lambda m: progress(f"{spec.name} run {run + 1}: {m.strip()}"))
         metrics: dict = {"load.rss_mb": server.rss_mb()[0]}
+        if started is not None:
+            metrics["load.first_reply_s"] = warm.end - started
         for name in names:
             started = time.perf_counter()
             progress(f"{spec.name} run {run + 1}: {name}")
@@ -243,7 +248,7 @@ def run_configuration(opts: argparse.Namespace, cfg: wl.Config, peers: list[str]
                 with Server(s, log_dir=opts.log_dir, ready_timeout=opts.ready_timeout) as server:
                     ready = time.perf_counter() - t0
                     progress(f"{p} run {run + 1}/{opts.runs}: ready in {ready:.0f} s; warming up")
-                    metrics, errs = asyncio.run(run_peer_once(server, cfg, names, run))
+                    metrics, errs = asyncio.run(run_peer_once(server, cfg, names, run, started=t0))
                     peak = server.rss_mb()[1]
                     metrics = {"load.ready_s": ready, **metrics, "load.peak_rss_mb": peak}
                     if errs:
