@@ -117,7 +117,7 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
 
 def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None, threads: int | None, model: ModelFile | None = None) -> ServerSpec:
     if name in ("kiln_chat", "kiln_scripted_chat"):
-        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads)
+        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model)
         spec.name, spec.api, spec.note = name, "chat", spec.note + ", through /v1/chat/completions"
         return spec
     port = free_port()

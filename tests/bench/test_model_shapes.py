@@ -122,3 +122,18 @@ def test_bad_model_shape_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         bench_main.parse_args(argv)
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peer", ["kiln", "kiln_chat", "llama_cpp"])
+def test_every_peer_serves_the_shape_file_under_one_id(peer, tmp_path, monkeypatch):
+    from bench import llama_cpp, servers
+
+    monkeypatch.setattr(llama_cpp, "server_binary", lambda *a: llama_cpp.Binary(tmp_path / "llama-server", "test", "on PATH"))
+    model = servers.ModelFile(tmp_path / "llama-3.2-1b-x-Q4_K_M.gguf", "llama-3.2-1b-q4_k_m")
+    spec = servers.spec_for(peer, threads=1, model=model)
+    assert spec.model == "llama-3.2-1b-q4_k_m" and str(model.path) in spec.argv
+    if peer.startswith("kiln"):
+        argv = " ".join(spec.argv)
+        assert "--model-id llama-3.2-1b-q4_k_m" in argv and "--speculative off" in argv and "--context-length 2048" in argv
+    with pytest.raises(servers.PeerUnavailable):
+        servers.spec_for("mlx_lm_q4", model=model)
