@@ -13,9 +13,12 @@ dies with SIGILL. So the build turns `GGML_NATIVE` off and sets each of ggml's x
 when /proc/cpuinfo lists the instructions it compiles to; AMX stays off. On arm64 it names an
 `-march` with the dot-product, fp16 and int8-matmul extensions the CPU lists.
 
-Only the `llama-server` target is built (static libraries, no web UI, no HTTPS, nothing fetched
-at build time), with `-j2` by default (minutes on 2 cores; progress lines go to stderr). The
-result is cached under `~/.cache/kiln-bench/llama.cpp/<version>-<hash>/llama-server` (the hash
+Only the `llama-server` and `llama-quantize` targets are built (static libraries, no web UI, no
+HTTPS, nothing fetched at build time), with `-j2` by default (minutes on 2 cores; progress lines go
+to stderr). `llama-quantize` (bench/model_shapes.py's quantizer) shares every library with the
+server, so building it beside the server costs one more source file; a folder that has only the
+server builds the missing tool in the kept build folder, or unpacks the sources again. The
+results are cached under `~/.cache/kiln-bench/llama.cpp/<version>-<hash>/` (the hash
 covers the CMake options, so the CPU flags, and the compilers), next to `build.json` (what was
 built and how) and `build.log`. An interrupted build resumes where it stopped (sources and build
 folder are kept until the binary is cached, then removed); a finished one is reused by every later run, and by anyone who wants the same binary (the path is printed).
@@ -47,6 +50,9 @@ from .convert import cache_root
 DEFAULT_VERSION = "0.3.36"
 DEFAULT_JOBS = 2
 PACKAGE = "llama-cpp-python"
+# The programs built and cached in one folder: the peer server, and the quantizer of the
+# model-shape files (bench/model_shapes.py), from the same sources and options.
+TOOLS = ("llama-server", "llama-quantize")
 
 # ggml's x86 options and the /proc/cpuinfo flags their compiler switches need (ggml-cpu's
 # CMakeLists maps GGML_AVX512 to -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw).
@@ -159,7 +165,11 @@ class Plan:
 
     @property
     def binary(self) -> Path:
-        return self.folder / "llama-server"
+        return self.tool("llama-server")
+
+    def tool(self, name: str) -> Path:
+        """Where the cached build of program `name` (one of TOOLS) lives."""
+        return self.folder / name
 
 
 def _find_cmake() -> str | None:
@@ -292,38 +302,60 @@ def _run_logged(argv: list[str], log: Path, what: str, report: Callable[[str], N
         raise BuildError(f"{what} failed ({rc}); log {log}:\n" + "\n".join(tail))
 
 
-def build(p: Plan, *, jobs: int = DEFAULT_JOBS, force: bool = False) -> Path:
-    """Fetch, configure and build `p` unless its binary is cached; return the binary's path."""
+def probe_tool(binary: Path) -> None:
+    """Run a llama.cpp tool without arguments (it prints its usage): raise BuildError if a signal
+    (SIGILL: built for instructions this CPU lacks) kills it."""
+    try:
+        out = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{binary} failed to run: {exc}") from exc
+    if out.returncode < 0:
+        raise BuildError(f"{binary} died with signal {-out.returncode} (SIGILL means it was built for instructions this CPU lacks)")
+
+
+def build(p: Plan, *, jobs: int = DEFAULT_JOBS, force: bool = False, tools: tuple[str, ...] = TOOLS) -> Path:
+    """Fetch, configure and build those of `tools` that `p` has not cached; return llama-server's path."""
     folder = p.folder
     with _locked(folder.with_name(folder.name + ".lock")):
-        if p.binary.is_file() and not force:
+        missing = [t for t in tools if force or not p.tool(t).is_file()]
+        if not missing:
             return p.binary
         folder.mkdir(parents=True, exist_ok=True)
         src, out, log = folder / "src", folder / "build", folder / "build.log"
         if force:
             shutil.rmtree(out, ignore_errors=True)
-            p.binary.unlink(missing_ok=True)
+            for t in missing:
+                p.tool(t).unlink(missing_ok=True)
         if not (src / "CMakeLists.txt").is_file():
             shutil.rmtree(src, ignore_errors=True)
             _extract(_sdist(p.version), src)
-        say(f"building llama-server from {PACKAGE} {p.version} for this CPU ({describe(p.options)}) with -j{jobs} into {folder}; several minutes on 2 cores")
+        say(f"building {', '.join(missing)} from {PACKAGE} {p.version} for this CPU ({describe(p.options)}) with -j{jobs} into {folder}; several minutes on 2 cores")
         started = time.monotonic()
         if not (out / "CMakeCache.txt").is_file():
             configure = [p.cmake, "-S", str(src), "-B", str(out), "-G", p.generator, *[f"-D{k}={v}" for k, v in p.options.items()]]
             _run_logged(configure, log, "configure")
-        _run_logged([p.cmake, "--build", str(out), "--target", "llama-server", "--parallel", str(jobs)], log, "build")
-        built = out / "bin" / "llama-server"
-        if not built.is_file():
-            raise BuildError(f"the build finished but {built} is missing; log {log}")
-        version = probe(built)
-        tmp = p.binary.with_name("llama-server.tmp")
-        shutil.copy2(built, tmp)
-        tmp.rename(p.binary)  # the cached binary appears only once it built and ran
-        manifest = {"package": f"{PACKAGE}=={p.version}", "version": version, "cpu": describe(p.options), "cmake_options": p.options, "generator": p.generator, "compilers": list(p.compilers), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_s": round(time.monotonic() - started)}
-        (folder / "build.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        shutil.rmtree(src, ignore_errors=True)  # ~260 MB kept only while a build may resume
-        shutil.rmtree(out, ignore_errors=True)
-        say(f"built in {time.monotonic() - started:.0f} s: {p.binary} ({version})")
+        _run_logged([p.cmake, "--build", str(out), "--target", *missing, "--parallel", str(jobs)], log, "build")
+        version = ""
+        for t in missing:
+            built = out / "bin" / t
+            if not built.is_file():
+                raise BuildError(f"the build finished but {built} is missing; log {log}")
+            if t == "llama-server":
+                version = probe(built)
+            else:
+                probe_tool(built)
+            tmp = p.tool(t).with_name(t + ".tmp")
+            shutil.copy2(built, tmp)
+            tmp.rename(p.tool(t))  # a cached binary appears only once it built and ran
+        manifest_path = folder / "build.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        version = version or manifest.get("version", "")
+        manifest.update({"package": f"{PACKAGE}=={p.version}", "version": version, "tools": [t for t in TOOLS if p.tool(t).is_file()], "cpu": describe(p.options), "cmake_options": p.options, "generator": p.generator, "compilers": list(p.compilers), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_s": round(time.monotonic() - started)})
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        if all(p.tool(t).is_file() for t in TOOLS):
+            shutil.rmtree(src, ignore_errors=True)  # ~260 MB kept only while a build may resume
+            shutil.rmtree(out, ignore_errors=True)
+        say(f"built {', '.join(missing)} in {time.monotonic() - started:.0f} s into {folder}")
         return p.binary
 
 
@@ -334,6 +366,30 @@ class Binary:
     path: Path
     version: str
     origin: str  # "on PATH" or "built from llama-cpp-python X for <flags>"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """Another llama.cpp program from the same sources as the server peer; `key` names its build."""
+
+    path: Path
+    key: str
+
+
+@functools.lru_cache(maxsize=None)
+def tool_binary(name: str, version: str = DEFAULT_VERSION) -> Tool:
+    """llama.cpp program `name` built with the llama-server peer: beside it where that came from
+    PATH, else the cached build for this CPU (built now if missing). Raises BuildError."""
+    server = server_binary() if version == DEFAULT_VERSION else server_binary(version)  # one lru_cache entry with the peer's call
+    if server.origin == "on PATH":
+        beside = server.path.with_name(name)
+        if not beside.is_file():
+            raise BuildError(f"llama-server is {server.path} (on PATH) but {beside} is missing: the files must come from the same llama.cpp")
+        return Tool(beside, f"path-{hashlib.sha256(server.version.encode()).hexdigest()[:12]}")
+    p = plan(version)
+    if not p.tool(name).is_file():
+        build(p, tools=(name,))
+    return Tool(p.tool(name), p.key)
 
 
 @functools.lru_cache(maxsize=None)
@@ -349,7 +405,7 @@ def server_binary(version: str = DEFAULT_VERSION) -> Binary:
         except BuildError as exc:
             say(f"ignoring {on_path}: {exc}")
     p = plan(version)
-    path = build(p)
+    path = build(p, tools=("llama-server",) if p.binary.is_file() else TOOLS)  # a fresh build makes both at once
     say(f"llama-server: {path}")
     return Binary(path, probe(path), f"built from {PACKAGE} {version} for {describe(p.options)}")
 

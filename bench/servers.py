@@ -41,6 +41,14 @@ LLAMA_SLOTS = 8
 LLAMA_SLOT_CONTEXT = 2048
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """A GGUF every peer that can serves instead of the bundled model (`--model-shape`), under one id."""
+
+    path: Path
+    id: str
+
+
 class PeerUnavailable(RuntimeError):
     """The peer cannot run here (not installed); the harness skips it."""
 
@@ -82,14 +90,22 @@ class ServerSpec:
         return f"http://127.0.0.1:{self.port}"
 
 
-def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None, threads: int | None = None) -> ServerSpec:
+def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None, threads: int | None = None, model: ModelFile | None = None) -> ServerSpec:
     """The command line for peer `name`; raises PeerUnavailable if it cannot run here.
 
     `threads` sets every peer's compute threads: llama-server's `-t`, OMP_NUM_THREADS (Kiln's
     native kernels) and OPENBLAS_NUM_THREADS; each otherwise defaults to the usable core count.
     `blas_threads` sets OPENBLAS_NUM_THREADS alone, and wins over `threads` for it.
+    `model`: the GGUF that `kiln` and `llama_cpp` serve (others cannot: PeerUnavailable), with
+    Kiln's context at one llama-server slot's and speculation off (random weights make prompt
+    lookup meaningless).
     """
-    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads)
+    if model is not None:
+        if name not in ("kiln", "kiln_chat", "llama_cpp"):
+            raise PeerUnavailable("serves only its own weights, not a --model-shape file")
+        if name != "llama_cpp":
+            kiln_args = [*(kiln_args or []), "--model", str(model.path), "--model-id", model.id, "--speculative", "off", "--context-length", str(LLAMA_SLOT_CONTEXT)]
+    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model)
     if threads:
         spec.env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         spec.note += f", OMP_NUM_THREADS=OPENBLAS_NUM_THREADS={threads}"
@@ -99,9 +115,9 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
     return spec
 
 
-def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None, threads: int | None) -> ServerSpec:
+def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None, threads: int | None, model: ModelFile | None = None) -> ServerSpec:
     if name in ("kiln_chat", "kiln_scripted_chat"):
-        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads)
+        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model)
         spec.name, spec.api, spec.note = name, "chat", spec.note + ", through /v1/chat/completions"
         return spec
     port = free_port()
@@ -113,11 +129,13 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
             env["KILN_SCRIPTED_DELAY"] = str(scripted_delay)
             env["KILN_SCRIPTED_REPLY"] = scripted_reply if scripted_reply is not None else _long_reply()
             return ServerSpec(name, argv, "responses", "kiln-scripted", port, env, note=f"scripted engine, {scripted_delay * 1000:.0f} ms/token")
-        model = "smollm2-135m-instruct"
+        if model is not None:
+            return ServerSpec(name, argv, "responses", model.id, port, env, note=f"{model.path.name}, worker default weights, --speculative off, --context-length {LLAMA_SLOT_CONTEXT}")
+        model_id = "smollm2-135m-instruct"
         if kiln_args and "--model" in kiln_args:
-            model = Path(kiln_args[kiln_args.index("--model") + 1]).name
-            return ServerSpec(name, argv, "responses", model, port, env, note=f"{model}, worker default weights")
-        return ServerSpec(name, argv, "responses", model, port, env, note="bundled GGUF, worker default weights (on the CPU: float32 prefill, packed 4-bit native decode)")
+            model_id = Path(kiln_args[kiln_args.index("--model") + 1]).name
+            return ServerSpec(name, argv, "responses", model_id, port, env, note=f"{model_id}, worker default weights")
+        return ServerSpec(name, argv, "responses", model_id, port, env, note="bundled GGUF, worker default weights (on the CPU: float32 prefill, packed 4-bit native decode)")
     if name in ("mlx_lm_f32", "mlx_lm_q4"):
         if importlib.util.find_spec("mlx_lm") is None:
             raise PeerUnavailable("mlx-lm is not installed")
@@ -145,15 +163,16 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
         except BuildError as exc:
             raise PeerUnavailable(str(exc)) from exc
         threads = threads or usable_cores()
+        gguf, model_id = (model.path, model.id) if model is not None else (bundled_gguf(), "smollm2-135m-instruct")
         argv = [
-            str(binary.path), "-m", str(bundled_gguf()), "--host", "127.0.0.1", "--port", str(port),
+            str(binary.path), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(threads), "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_SLOTS * LLAMA_SLOT_CONTEXT),
-            "--jinja", "--alias", "smollm2-135m-instruct",
+            "--jinja", "--alias", model_id,
         ]
         note = f"llama-server {binary.version}, {binary.origin}: {binary.path}; -t {threads}, -np {LLAMA_SLOTS}, {LLAMA_SLOT_CONTEXT} tokens per slot"
         # llama-server can promise the output length: without EOS its greedy text, computed with
         # 8-bit activations, could end at a different token than the mlx-based peers' does.
-        return ServerSpec(name, argv, "chat", "smollm2-135m-instruct", port, note=note, exact_length={"ignore_eos": True})
+        return ServerSpec(name, argv, "chat", model_id, port, note=note, exact_length={"ignore_eos": True})
     raise ValueError(f"unknown peer {name!r}; choose from {', '.join(ALL_PEERS)}")
 
 
@@ -210,6 +229,23 @@ class Server:
             return bool(workers)
         return True
 
+    def model_process(self) -> int | None:
+        """The pid holding the model: Kiln's worker (`python -m kiln.worker`, a child in the
+        server's session), else the server process itself."""
+        if self.proc is None:
+            return None
+        if self.spec.api == "responses" or self.spec.name.startswith("kiln"):
+            for pid in session_pids(self.proc.pid):
+                if b"kiln.worker" in _read(f"/proc/{pid}/cmdline"):
+                    return pid
+            return None
+        return self.proc.pid
+
+    def rss_mb(self) -> tuple[float | None, float | None]:
+        """The model process's resident memory now and its peak (VmRSS, VmHWM), in MB (10^6 bytes)."""
+        pid = self.model_process()
+        return (None, None) if pid is None else memory_mb(pid)
+
     def tail(self, n: int = 20) -> str:
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
@@ -237,3 +273,34 @@ class Server:
             proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of session `sid` (a server started with start_new_session), from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _read(f"/proc/{entry.name}/stat")
+            # pid (comm) state ppid pgrp session ...: comm may hold spaces, so split after ')'.
+            fields = stat.rpartition(b")")[2].split()
+            if len(fields) > 3 and int(fields[3]) == sid:
+                out.append(int(entry.name))
+    return sorted(out)
+
+
+def memory_mb(pid: int) -> tuple[float | None, float | None]:
+    """(VmRSS, VmHWM) of `pid` in MB, from /proc/<pid>/status; None where unreadable."""
+    values: dict[str, float] = {}
+    for line in _read(f"/proc/{pid}/status").decode(errors="replace").splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) * 1024 / 1e6  # kB
+    return values.get("VmRSS"), values.get("VmHWM")

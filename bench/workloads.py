@@ -5,6 +5,7 @@
   conversation   a 5-turn conversation resending the whole history each turn; turn-5 TTFT
                  against the same-size prompt sent cold, and the server's cached_tokens
   shared_system  requests sharing a ~1k-token system prompt: the first (cold) against the rest
+  long_prompt    one ~1,000-token prompt, cold: TTFT is prompt processing at that length
   agent_edit     an agent's edit turn: a ~600-token source file and "rewrite it with one change",
                  so the answer copies most of the prompt (where speculative decoding pays); not in
                  the default set (--workloads agent_edit; bench/speculative.py runs it)
@@ -25,6 +26,8 @@ from . import prompts
 from .client import StreamResult, _API, median, percentile
 
 WORKLOADS = ("single", "concurrent", "conversation", "shared_system")
+# `--model-shape` runs (1B-8B models on a CPU): the issue's four figures, in minutes per run.
+SHAPE_WORKLOADS = ("single", "concurrent", "long_prompt")
 
 
 @dataclass
@@ -41,11 +44,22 @@ class Config:
     edit_reps: int = 2
     edit_tokens: int = 600
     edit_output_tokens: int = 256
+    long_prompt_tokens: int = 1000
+    long_output_tokens: int = 8
     timeout: float = 900.0
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(single_reps=1, output_tokens=32, concurrency=(1, 4), turns=3, turn_output_tokens=16, system_tokens=256, system_requests=2, system_output_tokens=8, edit_reps=1, edit_output_tokens=128)
+        return cls(single_reps=1, output_tokens=32, concurrency=(1, 4), turns=3, turn_output_tokens=16, system_tokens=256, system_requests=2, system_output_tokens=8, edit_reps=1, edit_output_tokens=128, long_prompt_tokens=256)
+
+    @classmethod
+    def model_shape(cls, quick: bool = False) -> "Config":
+        """For 1B-8B models at a few tokens a second: one stream (64 tokens, 3 requests; the
+        median), 8 streams together, and one 1,000-token prompt. `quick`: 32 tokens, 1 request,
+        a 256-token long prompt."""
+        if quick:
+            return cls(single_reps=1, output_tokens=32, concurrency=(8,), long_prompt_tokens=256)
+        return cls(concurrency=(8,))
 
 
 @dataclass
@@ -171,6 +185,16 @@ async def shared_system(ctx: Context) -> dict[str, float | None]:
     }
 
 
+async def long_prompt(ctx: Context) -> dict[str, float | None]:
+    msgs = [{"role": "user", "content": prompts.user_prompt(ctx.run, 600, ctx.cfg.long_prompt_tokens)}]
+    r = await ctx.stream(msgs, ctx.cfg.long_output_tokens)
+    ctx.progress(f"    long prompt: {_describe(r)}, input {r.input_tokens}")
+    return {
+        "long_prompt.ttft_ms": _ms(r.ttft) if r.ok else None,
+        "long_prompt.input_tokens": r.input_tokens,
+    }
+
+
 async def agent_edit(ctx: Context) -> dict[str, float | None]:
     results = []
     for i in range(ctx.cfg.edit_reps):
@@ -193,6 +217,7 @@ RUNNERS: dict[str, Callable[[Context], Awaitable[dict[str, float | None]]]] = {
     "concurrent": concurrent,
     "conversation": conversation,
     "shared_system": shared_system,
+    "long_prompt": long_prompt,
     "agent_edit": agent_edit,
 }
 

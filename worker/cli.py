@@ -131,17 +131,22 @@ def build_server(settings: WorkerSettings):
         model_id, aliases, window = upstream.model_id, upstream.aliases, upstream.context_window
         ready = lambda: upstream.scheduler.healthy  # noqa: E731
     else:
+        from .engine.native_verdict import CheckSource
         from .engine.scheduler import Scheduler
         from .engine.speculative import Speculation
         from .loading import load_model
+        from .loading.progress import LoadProgress
 
         started = time.monotonic()
-        loaded = load_model(settings.model, weights=settings.weights)
+        progress = LoadProgress(settings.model or "the bundled model")
+        with progress.step("reading and converting the weights"):
+            loaded = load_model(settings.model, weights=settings.weights)
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
         constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
-        log.info("preparing the engine (weight layout, kernels)")
-        scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens))
+        check = CheckSource(loaded.source_path, settings.weights, settings.weight_layout)
+        with progress.step("preparing the engine"):  # on the CPU: measures both weight layouts
+            scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
         model_id, aliases = served_names(settings)
         window = loaded.context_window
         if settings.context_length:

@@ -37,6 +37,7 @@ from .cache import PrefixCache
 from . import cpu_exp
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeDecoder
+from .native_verdict import CheckSource, build_checked
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
 from .sampling import make_sampler
 from .speculative import DecodeStats, Speculation
@@ -65,11 +66,13 @@ class Scheduler:
         cache_bytes: int = 512 << 20,
         input_major_weights: bool | None = None,
         speculation: Speculation | None = None,
+        check_source: CheckSource | None = None,
     ) -> None:
         """input_major_weights: store dense weights transposed for faster CPU matmuls
         (see layout.py); None = on the CPU, whichever layout measures faster. Modifies
         model in place. speculation: prompt-lookup drafting (speculative.py); None = its
-        defaults."""
+        defaults. check_source: the loaded model's file and settings, under which the native
+        pass's build check is remembered (native_verdict.py); None = checked at every start."""
         if input_major_weights is None:
             if on_cpu():
                 choose_weight_layout(model)
@@ -95,6 +98,7 @@ class Scheduler:
         # kernels: libgomp throttles its thread pools once a second thread has used them.
         self._native: NativeDecoder | None = None
         self._set_up = threading.Event()  # the engine thread has built (or given up on) the native pass
+        self._check_source = check_source
         self.speculation = speculation or Speculation()
         self._decode_stats = DecodeStats()
         self._batch = self._new_batch()
@@ -171,7 +175,7 @@ class Scheduler:
     def _run(self) -> None:
         claim_team()  # before the build check's passes: only this thread opens native teams
         try:
-            self._native = self._batch.native = NativeDecoder.build(self._model)
+            self._native = self._batch.native = build_checked(self._model, self._check_source)
         finally:
             self._set_up.set()
         try:

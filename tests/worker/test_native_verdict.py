@@ -1,0 +1,85 @@
+"""The native pass's build check runs once per model file, kernel build and code: a worker that
+starts again on the same file takes the verdict from the cache (native_verdict.py)."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import pytest
+
+from kiln.worker.engine.native_decode import NativeDecoder
+from kiln.worker.engine.native_verdict import RECHECK_ENV, CheckSource, VerdictStore, build_checked
+from kiln.worker.native import cpu_kernels
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory, gguf_path):
+    if cpu_kernels() is None:
+        pytest.skip("no C compiler for the native CPU kernels")
+    from .tiny_gguf import write_pair
+
+    _, md = mx.load(str(gguf_path), return_metadata=True)
+    path, _ = write_pair("llama", "Q4_0", md, tmp_path_factory.mktemp("verdict"))
+    return path
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """Counts the build checks that really run (mlx against the native pass)."""
+    ran: list[bool] = []
+    real = NativeDecoder._matches
+
+    def counted(self, model):
+        ran.append(self.int8)
+        return real(self, model)
+
+    monkeypatch.setattr(NativeDecoder, "_matches", counted)
+    monkeypatch.delenv(RECHECK_ENV, raising=False)
+    return ran
+
+
+def _start(path):
+    """What a worker start does: load the model, build the native pass."""
+    from kiln.worker.loading import load_model
+
+    return load_model(str(path)).model
+
+
+def test_second_start_takes_the_verdict_from_the_cache(tiny_file, checks, tmp_path):
+    store = VerdictStore(tmp_path)
+    first = build_checked(_start(tiny_file), CheckSource(tiny_file), store)
+    assert first is not None and len(checks) == 1
+    second = build_checked(_start(tiny_file), CheckSource(tiny_file), store)
+    assert second is not None and second.int8 == first.int8
+    assert len(checks) == 1  # not checked again
+
+
+def test_a_changed_file_or_a_recheck_is_checked_again(tiny_file, checks, tmp_path, monkeypatch):
+    store = VerdictStore(tmp_path)
+    build_checked(_start(tiny_file), CheckSource(tiny_file), store)
+    st = os.stat(tiny_file)
+    os.utime(tiny_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    build_checked(_start(tiny_file), CheckSource(tiny_file), store)
+    assert len(checks) == 2
+    build_checked(_start(tiny_file), CheckSource(tiny_file, weight_layout="stock"), store)
+    assert len(checks) == 3  # another setting that shapes the weights
+    monkeypatch.setenv(RECHECK_ENV, "1")
+    build_checked(_start(tiny_file), CheckSource(tiny_file), store)
+    assert len(checks) == 4
+
+
+def test_a_remembered_failure_decodes_through_mlx_without_checking(tiny_file, checks, tmp_path):
+    store = VerdictStore(tmp_path)
+    source = CheckSource(tiny_file)
+    library = os.path.basename(cpu_kernels().library._name)
+    store.put(source.key(library), {"int8": False, "float32": False}, tiny_file)
+    assert build_checked(_start(tiny_file), source, store) is None
+    assert checks == []
+
+
+def test_unwritable_cache_still_builds(tiny_file, checks, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    decoder = build_checked(_start(tiny_file), CheckSource(tiny_file), VerdictStore(blocker / "verdicts"))
+    assert decoder is not None and len(checks) == 1
