@@ -101,7 +101,7 @@ def expand_items(items: list[dict]) -> list[dict]:
             summary, retained = read_compaction(item.get("encrypted_content"), f"input[{i}].encrypted_content")
             out.append({"type": "message", "role": "user", "content": SUMMARY_PREFIX + summary})
             out.extend(retained)
-            skip_ids = {r.get("id") for r in retained if r.get("id")}
+            skip_ids = {str(r["id"]) for r in retained if r.get("id")}
             continue
         if item.get("id") in skip_ids:
             continue  # the client replayed a retained item the compaction already carries

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import BigInteger, Integer, and_, case, cast, func, select
 
@@ -35,7 +36,7 @@ class UsagePoint:
     output_tokens: int
     cost_usd: Decimal
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "start": self.start,
             "org": self.org,

@@ -68,7 +68,7 @@ def _changing(request: Request) -> Any:
     return db
 
 
-async def _body(request: Request) -> dict:
+async def _body(request: Request) -> dict[str, Any]:
     body = await read_json(request, MAX_ADMIN_BODY)
     if not isinstance(body, dict):
         raise invalid("Expected a JSON object.")
@@ -94,7 +94,7 @@ def _name(value: Any) -> str:
     return value.strip()
 
 
-def _org_json(org: Organization) -> dict:
+def _org_json(org: Organization) -> dict[str, Any]:
     return {
         "object": "organization",
         "name": org.name,
@@ -104,7 +104,7 @@ def _org_json(org: Organization) -> dict:
     }
 
 
-def _key_json(info: ApiKeyInfo) -> dict:
+def _key_json(info: ApiKeyInfo) -> dict[str, Any]:
     return {
         "object": "api_key",
         "prefix": info.prefix,
@@ -195,6 +195,7 @@ async def get_usage_series(request: Request) -> Response:
     db = _db(request)
     now = int(time.time())
     end = _int_param(request, "end_time", 1, MAX_TIMESTAMP, now + 1)
+    assert end is not None  # it has a default
     start = _int_param(request, "start_time", 0, MAX_TIMESTAMP, max(0, end - 3600))
     bucket = _int_param(request, "bucket", 1, 31 * 86_400, 60)
     assert start is not None and end is not None and bucket is not None

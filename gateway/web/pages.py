@@ -47,12 +47,12 @@ PAGE_HEADERS = {
 def playground_on(settings: object) -> bool:
     """``auto``: on for a local gateway (``--auth none``), off in hosted mode."""
     choice = getattr(settings, "playground")
-    return choice == "on" or (choice == "auto" and getattr(settings, "auth") == "none")
+    return bool(choice == "on" or (choice == "auto" and getattr(settings, "auth") == "none"))
 
 
 def console_on(settings: object) -> bool:
     """The console manages accounts, which exist in hosted mode only."""
-    return getattr(settings, "console") == "on" and getattr(settings, "auth") == "keys"
+    return bool(getattr(settings, "console") == "on" and getattr(settings, "auth") == "keys")
 
 
 @dataclass(frozen=True)
