@@ -356,6 +356,7 @@ class _Block:
     data: dict[str, Any]
     parts: list[str] = field(default_factory=list)
     open: bool = True
+    cut: bool = False  # a tool_use whose call the output ended inside (its item is incomplete)
 
 
 class MessageTranslator:
@@ -464,6 +465,7 @@ class MessageTranslator:
                 for block in self.blocks:
                     if block.kind == "tool_use" and block.source == index:
                         block.data["input"] = _arguments(item.get("arguments"), "".join(block.parts))
+                        block.cut = item.get("status") == "incomplete"
             if item.get("type") == "message":
                 events = self._release_held()
                 if self._current is not None and self._current.source in (index, -1):
@@ -486,9 +488,10 @@ class MessageTranslator:
     def stop_reason(self, status: str) -> tuple[str, str | None]:
         if self.stopper.matched is not None:
             return "stop_sequence", self.stopper.matched
-        if any(b.kind == "tool_use" for b in self.blocks):
+        calls = [b for b in self.blocks if b.kind == "tool_use"]
+        if calls and not any(b.cut for b in calls):
             return "tool_use", None
-        if status == "incomplete":
+        if status == "incomplete":  # a call cut off by max_tokens is not one to run
             return "max_tokens", None
         return "end_turn", None
 
