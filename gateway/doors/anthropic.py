@@ -92,8 +92,14 @@ def _message_items(index: int, message: Any) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise invalid(f"{where}: expected an object.", param=where)
     role = message.get("role")
+    if role == "system" and index > 0:
+        # A mid-conversation system message (Claude Code sends one with the beta
+        # mid-conversation-tool-changes): instructions that apply from this point on, rendered as
+        # a system turn at its place so the turns before it keep their cached prefix.
+        return [{"type": "message", "role": "system", "content": _text_of(message.get("content"), f"{where}.content")}]
     if role not in ("user", "assistant"):
-        raise invalid(f"{where}.role: Input should be 'user' or 'assistant'.", param=f"{where}.role")
+        hint = " A system message cannot be the first; the top-level 'system' is for that." if role == "system" else ""
+        raise invalid(f"{where}.role: Input should be 'user', 'assistant' or 'system'.{hint}", param=f"{where}.role")
     content = message.get("content")
     if isinstance(content, str):
         return [{"type": "message", "role": role, "content": content}]
