@@ -194,6 +194,8 @@ class ResponsesService:
             return
         rid = generation.response.id
         result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+        if not result.summarized:  # asked for to make room, it made none
+            raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
         generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
         body["input"] = result.history
         generation.wire_input = compaction.expand_items(result.history, self.sealer)
@@ -201,16 +203,16 @@ class ResponsesService:
         generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
         generation.add_prefix_item(result.item)
 
-    async def compact_endpoint(self, body: dict) -> dict:
+    async def compact_endpoint(self, body: dict, owner: Any = None) -> dict:
         """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
-        is stored."""
+        is stored; ``item_reference`` items are resolved as on create."""
         model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         window = self.pool.context_window(model) or 0
         keep = body.get("keep_tokens", compaction.default_keep_tokens(window))
         if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
-        body = {**body, "model": model, "input": _with_ids(self.unseal_items(body["input"]))}
+        body = {**body, "model": model, "input": _with_ids(self.unseal_items(await self.resolve_references(body["input"], owner)))}
         result = await compaction.compact(self.pool, self.sealer, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
         return compaction.compact_resource(result, model)
 
