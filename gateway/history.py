@@ -77,5 +77,8 @@ async def expand(body: dict, *, store: ResponseStore | None, jobs: JobBoard, con
     if conv is not None:
         if not conversations.enabled:
             raise invalid("'conversation' needs the conversation store, which is disabled on this server.", param="conversation")
-        return await conversations.transcript(conversation_key(conv, owner))
+        key = conversation_key(conv, owner)
+        if await conversations.get(key) is None:  # as OpenAI: a create never starts one
+            raise ApiError(404, f"Conversation with id '{conv}' not found.", code="not_found", param="conversation")
+        return await conversations.transcript(key)
     return []
