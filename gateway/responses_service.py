@@ -18,7 +18,7 @@ from typing import Any
 
 from kiln.protocol.usage import Usage
 
-from . import compaction
+from . import compaction, truncation
 from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens, terminal_event
 from .history import TERMINAL, conversation_id, conversation_key, expand
@@ -186,6 +186,9 @@ class ResponsesService:
             generation.done_without_worker = True
             generation.response.finish("completed", complete_usage(result.usage))
             return
+        if body.get("truncation") == "auto":  # accepted only with --truncation-auto
+            count = truncation.worker_count(self.pool, body, model, self.settings.first_event_timeout_s)
+            generation.wire_input = await truncation.fit(generation.wire_input, count, window)
         threshold = generation.compact_threshold
         if threshold is None:
             return

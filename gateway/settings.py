@@ -39,6 +39,8 @@ class Settings:
     # "reject" answers 400 as the spec says; "drop" removes them so clients that always send them
     # (Codex) still work.
     hosted_tools: Literal["reject", "drop"] = setting("reject", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
+    # The spec refuses truncation "auto"; clients that always send it (the Agents SDK) need this.
+    truncation_auto: bool = setting(False, help='Accept truncation: "auto": the oldest whole turns are left out of what is rendered until the input fits the context window. Off: "auto" is a 400, as the spec says.')
     log_level: LogLevel = log_level_setting()
     # Server key that seals reasoning and compaction content handed to clients.
     secret_key: str | None = setting(None, secret=True, help="Key that signs reasoning and compaction content handed to clients. Set the same key on every gateway replica; default: random per process.")
