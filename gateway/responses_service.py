@@ -21,7 +21,7 @@ from kiln.protocol.usage import Usage
 from . import compaction, truncation
 from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens, terminal_event
-from .history import TERMINAL, conversation_id, conversation_key, expand
+from .history import TERMINAL, check_call_outputs, conversation_id, conversation_key, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
 from .metrics import GenerationTimer
 from .sealing import SealError, Sealer
@@ -123,10 +123,11 @@ class ResponsesService:
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         threshold = compaction.compaction_settings(body)
-        response = ResponseObject(new_response_id(), body, model)
+        response = ResponseObject(new_response_id(), body, model, echo_background=self.settings.echo_background)
         generation = Generation(self.pool, response, body, model)
         generation.owner = owner
         generation.wire_input = compaction.expand_items(body["input"], self.sealer)
+        check_call_outputs(generation.wire_input)
         generation.compact_threshold = threshold
         generation.first_event_timeout_s = self.settings.first_event_timeout_s
         generation.event_timeout_s = self.settings.event_timeout_s
