@@ -3,8 +3,9 @@
 
 A compaction item's ``encrypted_content`` is base64url JSON holding the summary and the retained
 items, so a compaction item alone stands for the whole compacted history — which is what Codex
-replays. When a client replays the retained items after the item as well (the ``/responses/compact``
-output), the duplicates are skipped.
+replays. When a client replays the retained items too (the ``/responses/compact`` output lists
+them before the item, a stored history after it), each is rendered once, after the summary. A
+compaction of a history with nothing to summarize has an empty summary, which renders as nothing.
 
 As the spec says, that content "is not encrypted and is treated as client data, like any input
 array": it is not signed, so an item survives a restart of the server, another replica, or a
@@ -49,6 +50,7 @@ class Compaction:
     usage: dict[str, Any]
     input_tokens_before: int
     input_tokens_after: int
+    summarized: bool = True  # False: nothing preceded the latest user message, all was retained
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -99,9 +101,11 @@ def expand_items(items: list[dict]) -> list[dict]:
     for i, item in enumerate(items):
         if item.get("type") == "compaction":
             summary, retained = read_compaction(item.get("encrypted_content"), f"input[{i}].encrypted_content")
-            out.append({"type": "message", "role": "user", "content": SUMMARY_PREFIX + summary})
-            out.extend(retained)
             skip_ids = {str(r["id"]) for r in retained if r.get("id")}
+            out = [o for o in out if o.get("id") not in skip_ids]  # replayed before the item
+            if summary:
+                out.append({"type": "message", "role": "user", "content": SUMMARY_PREFIX + summary})
+            out.extend(retained)
             continue
         if item.get("id") in skip_ids:
             continue  # the client replayed a retained item the compaction already carries
@@ -130,6 +134,7 @@ async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int,
         raise ApiError(502, "The worker answered a compaction with something else.")
     items = wire["input"]
     retained = [_with_id(items[i]) for i in message.retained_indices]
+    whole = [i for i in items if i.get("type") != "compaction_trigger"]
     summary = Usage.from_map(message.usage)
     usage = Usage(input_tokens=summary.input_tokens, output_tokens=summary.output_tokens).to_map()
     return Compaction(
@@ -139,6 +144,7 @@ async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int,
         usage=usage,
         input_tokens_before=message.input_tokens_before,
         input_tokens_after=message.input_tokens_after,
+        summarized=len(message.kept_indices) + len(message.retained_indices) < len(whole),
     )
 
 
@@ -147,15 +153,34 @@ def _with_id(item: dict) -> dict:
 
 
 def compact_resource(result: Compaction, model: str) -> dict[str, Any]:
-    """The body of ``POST /v1/responses/compact``."""
+    """The body of ``POST /v1/responses/compact``: the kept system and developer messages, the
+    retained items, then the compaction item (the spec's order, and OpenAI's), every item in its
+    output form so that the object validates against OpenAI's ``CompactResource``."""
     return {
         "id": f"cmpr_{uuid.uuid4().hex}",
         "object": "response.compaction",
         "created_at": int(time.time()),
         "model": model,
-        "output": [*result.kept, result.item, *result.retained],
+        "output": [*(output_form(i) for i in (*result.kept, *result.retained)), result.item],
         "usage": result.usage,
     }
+
+
+def output_form(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as an output item: an id and a status, a message's content as a list of parts
+    (a user, system or developer message keeps its input types; an assistant's output text gets
+    the annotations and logprobs every output text has)."""
+    out = _with_id({**item, "type": item.get("type") or "message"})
+    if out["type"] in ("message", "function_call", "function_call_output", "reasoning"):
+        out.setdefault("status", "completed")
+    if out["type"] == "reasoning":
+        out.setdefault("summary", [])
+    if out["type"] == "message":
+        content = out.get("content")
+        if isinstance(content, str):
+            content = [{"type": "output_text" if out.get("role") == "assistant" else "input_text", "text": content}]
+        out["content"] = [{"annotations": [], "logprobs": [], **part} if part.get("type") == "output_text" else part for part in content or []]
+    return out
 
 
 def compaction_settings(body: dict) -> int | None:

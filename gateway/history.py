@@ -86,5 +86,22 @@ async def expand(body: dict, *, store: ResponseStore | None, jobs: JobBoard, con
             )
         if not conversations.enabled:
             raise invalid("'conversation' needs the conversation store, which is disabled on this server.", param="conversation")
-        return await conversations.transcript(conversation_key(conv, owner))
+        key = conversation_key(conv, owner)
+        if await conversations.get(key) is None:  # as OpenAI: a create never starts one
+            raise ApiError(404, f"Conversation with id '{conv}' not found.", code="not_found", param="conversation")
+        return await conversations.transcript(key)
     return []
+
+
+def check_call_outputs(items: list[dict[str, Any]]) -> None:
+    """Every ``function_call_output`` answers a call made earlier in the history (as OpenAI
+    checks): an output for no call is a 400, on HTTP and WebSocket alike, rather than a turn the
+    model cannot make sense of."""
+    calls: set[Any] = set()
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "function_call":
+            calls.add(item.get("call_id"))
+        elif kind == "function_call_output" and item.get("call_id") not in calls:
+            raise invalid(f"No tool call found for function call output with call_id {item.get('call_id')}.", param="input")
+

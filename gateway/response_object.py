@@ -55,7 +55,10 @@ class ResponseObject:
     exactly the items a streaming client saw completed, with the same ids and order.
     """
 
-    def __init__(self, response_id: str, body: dict[str, Any], model: str) -> None:
+    def __init__(self, response_id: str, body: dict[str, Any], model: str, *, echo_background: bool = False) -> None:
+        """``echo_background`` (--echo-background): a foreground response says
+        ``"background": false`` too, for clients that hold every Response to OpenAI's schema,
+        which requires the key; by default it has no such key, as the spec says."""
         self.data: dict[str, Any] = {
             "id": response_id,
             "object": "response",
@@ -82,7 +85,7 @@ class ResponseObject:
         if body.get("conversation") is not None:
             conv = body["conversation"]
             self.data["conversation"] = {"id": conv} if isinstance(conv, str) else {"id": conv.get("id")}
-        if not self.data["background"]:
+        if not self.data["background"] and not echo_background:
             del self.data["background"]
         self._items: dict[int, dict[str, Any]] = {}
 

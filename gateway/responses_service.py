@@ -18,10 +18,10 @@ from typing import Any
 
 from kiln.protocol.usage import Usage
 
-from . import compaction
+from . import compaction, truncation
 from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens, terminal_event
-from .history import TERMINAL, conversation_id, conversation_key, expand
+from .history import TERMINAL, check_call_outputs, conversation_id, conversation_key, expand
 from .response_object import ResponseObject, new_response_id, zero_usage
 from .metrics import GenerationTimer
 from .sealing import SealError, Sealer
@@ -123,10 +123,11 @@ class ResponsesService:
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         threshold = compaction.compaction_settings(body)
-        response = ResponseObject(new_response_id(), body, model)
+        response = ResponseObject(new_response_id(), body, model, echo_background=self.settings.echo_background)
         generation = Generation(self.pool, response, body, model)
         generation.owner = owner
         generation.wire_input = compaction.expand_items(body["input"])
+        check_call_outputs(generation.wire_input)
         generation.compact_threshold = threshold
         generation.first_event_timeout_s = self.settings.first_event_timeout_s
         generation.event_timeout_s = self.settings.event_timeout_s
@@ -186,6 +187,9 @@ class ResponsesService:
             generation.done_without_worker = True
             generation.response.finish("completed", complete_usage(result.usage))
             return
+        if body.get("truncation") == "auto":  # accepted only with --truncation-auto
+            count = truncation.worker_count(self.pool, body, model, self.settings.first_event_timeout_s)
+            generation.wire_input = await truncation.fit(generation.wire_input, count, window)
         threshold = generation.compact_threshold
         if threshold is None:
             return
@@ -194,6 +198,8 @@ class ResponsesService:
             return
         rid = generation.response.id
         result = await compaction.compact(self.pool, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+        if not result.summarized:  # asked for to make room, it made none
+            raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
         generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
         body["input"] = result.history
         generation.wire_input = compaction.expand_items(result.history)
@@ -201,16 +207,16 @@ class ResponsesService:
         generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
         generation.add_prefix_item(result.item)
 
-    async def compact_endpoint(self, body: dict) -> dict:
+    async def compact_endpoint(self, body: dict, owner: Any = None) -> dict:
         """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
-        is stored."""
+        is stored; ``item_reference`` items are resolved as on create."""
         model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         window = self.pool.context_window(model) or 0
         keep = body.get("keep_tokens", compaction.default_keep_tokens(window))
         if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
-        body = {**body, "model": model, "input": _with_ids(self.unseal_items(body["input"]))}
+        body = {**body, "model": model, "input": _with_ids(self.unseal_items(await self.resolve_references(body["input"], owner)))}
         result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
         return compaction.compact_resource(result, model)
 

@@ -39,6 +39,10 @@ class Settings:
     # "reject" answers 400 as the spec says; "drop" removes them so clients that always send them
     # (Codex) still work.
     hosted_tools: Literal["reject", "drop"] = setting("reject", help="Hosted tool types (web_search, ...): answer 400, or drop them from the request.")
+    # The spec: a foreground response has no "background" key; OpenAI's schema requires it.
+    echo_background: bool = setting(False, help='Every Response carries "background" (false on foreground ones), for clients that validate against OpenAI\'s schema strictly. Off: only background responses have the key, as the spec says.')
+    # The spec refuses truncation "auto"; clients that always send it (the Agents SDK) need this.
+    truncation_auto: bool = setting(False, help='Accept truncation: "auto": the oldest whole turns are left out of what is rendered until the input fits the context window. Off: "auto" is a 400, as the spec says.')
     log_level: LogLevel = log_level_setting()
     # Server key that seals reasoning handed to clients (gateway/sealing.py).
     secret_key: str | None = setting(None, secret=True, help="Key that seals the reasoning handed to clients in encrypted_content. Set the same key on every gateway replica; default: random per process (kiln serve: kept in its --data-dir).")

@@ -312,8 +312,9 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
     raise invalid("Invalid value for 'tool_choice'.", param="tool_choice")
 
 
-def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
-    """Check a create body and return its normalized copy; raise ApiError on the first fault."""
+def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto: bool = False) -> dict:
+    """Check a create body and return its normalized copy; raise ApiError on the first fault.
+    ``truncation_auto``: the gateway accepts ``truncation: "auto"`` (--truncation-auto)."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
     out = dict(body)
@@ -340,7 +341,7 @@ def validate_create(body: Any, *, hosted_tools: str = "reject") -> dict:
     if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
         raise invalid(f"Invalid 'top_logprobs': {top_logprobs} is out of range; expected 0 to {MAX_TOP_LOGPROBS}.", param="top_logprobs")
     truncation = body.get("truncation")
-    if truncation not in (None, "disabled"):
+    if truncation not in (None, "disabled") and not (truncation == "auto" and truncation_auto):
         raise invalid(f"Invalid value for 'truncation': only 'disabled' is supported, got {truncation!r}.", param="truncation")
     out["stream"] = parse_bool(body.get("stream"), "stream")
     out["store"] = True if body.get("store") is None else parse_bool(body.get("store"), "store")

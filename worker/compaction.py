@@ -6,7 +6,9 @@ The split rules, in the worker because they need token counts:
   whole turns while it fits ``keep_tokens``;
 - a split falls only before a user message or right after a completed tool group (a
   ``function_call_output`` not followed by another), so a call never loses its output;
-- at least one turn is left to summarize, otherwise compaction would not shorten anything.
+- a history with nothing before its latest user message (or with no user message) has nothing
+  to summarize: everything is retained and the summary is empty (a client may compact any
+  history; automatic compaction refuses that result, since it shortens nothing).
 """
 
 from __future__ import annotations
@@ -64,11 +66,9 @@ def plan(items: Sequence[InputItem], keep_tokens: int, count: Callable[[list[Inp
     kept = [i for i, item in enumerate(items) if _is_system(item)]
     conversation = [i for i, item in enumerate(items) if not _is_system(item) and item != TRIGGER]
     users = [pos for pos, i in enumerate(conversation) if _is_user(items[i])]
-    if not users:
-        raise CompactionRefused("there is no user message to keep")
-    cut = users[-1]
-    if cut == 0:
-        raise CompactionRefused("there is nothing before the latest user message to summarize")
+    cut = users[-1] if users else 0
+    if cut == 0:  # nothing before the latest user message: nothing to summarize
+        return Plan(kept=kept, summarized=[], retained=conversation)
     # Split points are never position 0, so at least one turn is always left to summarize.
     for point in sorted((p for p in split_points(items, conversation) if p < cut), reverse=True):
         if count([items[i] for i in conversation[point:]]) > keep_tokens:

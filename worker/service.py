@@ -202,6 +202,9 @@ class GenerationService:
             bare = replace(request, instructions=None, tools=())
             count = lambda part: len(self.prompt_tokens(replace(bare, input=tuple(part))))  # noqa: E731
             split = compaction.plan(items, message.keep_tokens, count)
+            if not split.summarized:  # nothing to summarize: all retained, no generation
+                emit(Compacted(req_id, "", split.kept, split.retained, before, before, {"input_tokens": 0, "output_tokens": 0}))
+                return
             summarized = [items[i] for i in split.summarized]
             budget = compaction.summary_budget(count(summarized), count([compaction.summary_message("")]), message.max_output_tokens)
             summary_request = compaction.summary_request(request.model, summarized, budget)

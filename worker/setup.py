@@ -37,7 +37,7 @@ def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constrai
         # A forced call is generated in the Hermes syntax the grammar spells out, whatever the
         # model's own format, so it is parsed as Hermes.
         chosen = "hermes" if request.forces_call else override
-        return make_router(prompt_text, tools=functions(request), tool_choice=request.tool_choice.mode, parser_factory=partial(_parser, template, chosen))
+        return make_router(prompt_text, tools=functions(request), tool_choice=request.tool_choice.mode, parser_factory=partial(_parser, template, chosen), forced=request.forces_call, forced_name=forced_name(request))
 
     constraints = constraints or Constraints(tokenizer)
     return {
@@ -46,6 +46,19 @@ def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constrai
         "tools_prompt": tools_prompt,
         "constraint_factory": constraints.for_request,
     }
+
+
+def forced_name(request: GenerateRequest) -> str | None:
+    """The one function a forced call can be (a named choice, or ``required`` with one candidate);
+    None when the call is not forced or could be one of several."""
+    choice = request.tool_choice
+    if not request.forces_call:
+        return None
+    if choice.mode == "named":
+        return choice.name
+    names = [t.name for t in request.tools]
+    candidates = [n for n in names if choice.allowed is None or n in choice.allowed]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def functions(request: GenerateRequest) -> list[dict[str, Any]]:

@@ -92,8 +92,14 @@ def _message_items(index: int, message: Any) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise invalid(f"{where}: expected an object.", param=where)
     role = message.get("role")
+    if role == "system" and index > 0:
+        # A mid-conversation system message (Claude Code sends one with the beta
+        # mid-conversation-tool-changes): instructions that apply from this point on, rendered as
+        # a system turn at its place so the turns before it keep their cached prefix.
+        return [{"type": "message", "role": "system", "content": _text_of(message.get("content"), f"{where}.content")}]
     if role not in ("user", "assistant"):
-        raise invalid(f"{where}.role: Input should be 'user' or 'assistant'.", param=f"{where}.role")
+        hint = " A system message cannot be the first; the top-level 'system' is for that." if role == "system" else ""
+        raise invalid(f"{where}.role: Input should be 'user', 'assistant' or 'system'.{hint}", param=f"{where}.role")
     content = message.get("content")
     if isinstance(content, str):
         return [{"type": "message", "role": role, "content": content}]
@@ -356,6 +362,7 @@ class _Block:
     data: dict[str, Any]
     parts: list[str] = field(default_factory=list)
     open: bool = True
+    cut: bool = False  # a tool_use whose call the output ended inside (its item is incomplete)
 
 
 class MessageTranslator:
@@ -464,6 +471,7 @@ class MessageTranslator:
                 for block in self.blocks:
                     if block.kind == "tool_use" and block.source == index:
                         block.data["input"] = _arguments(item.get("arguments"), "".join(block.parts))
+                        block.cut = item.get("status") == "incomplete"
             if item.get("type") == "message":
                 events = self._release_held()
                 if self._current is not None and self._current.source in (index, -1):
@@ -486,9 +494,10 @@ class MessageTranslator:
     def stop_reason(self, status: str) -> tuple[str, str | None]:
         if self.stopper.matched is not None:
             return "stop_sequence", self.stopper.matched
-        if any(b.kind == "tool_use" for b in self.blocks):
+        calls = [b for b in self.blocks if b.kind == "tool_use"]
+        if calls and not any(b.cut for b in calls):
             return "tool_use", None
-        if status == "incomplete":
+        if status == "incomplete":  # a call cut off by max_tokens is not one to run
             return "max_tokens", None
         return "end_turn", None
 

@@ -139,8 +139,10 @@ class ChatTranslator:
         return out
 
     def opening(self) -> dict[str, Any] | None:
-        """The first chunk (the role), or None for a door without one."""
-        return self.chunk({"role": "assistant", "content": ""})
+        """The first chunk (the role), or None for a door without one. It carries no ``content``:
+        it leaves before the answer is known to be text, and a ``content: ""`` ahead of a tool
+        call is an empty text part to clients such as the Vercel AI SDK."""
+        return self.chunk({"role": "assistant"})
 
     def finish_reason(self, status: str) -> str:
         if status == "incomplete" and not self.stopped:

@@ -54,7 +54,7 @@ async def read_body(request: Request) -> dict[str, Any]:
 def validated(request: Request, raw: dict[str, Any]) -> dict[str, Any]:
     """A Responses create body, validated and with the server's defaults applied."""
     settings = request.app.state.settings
-    body = validate_create(raw, hosted_tools=settings.hosted_tools)
+    body = validate_create(raw, hosted_tools=settings.hosted_tools, truncation_auto=settings.truncation_auto)
     if body.get("temperature") is None and settings.default_temperature is not None:
         body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
     session = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)

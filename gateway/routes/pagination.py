@@ -34,10 +34,12 @@ def item_page(items: list[dict[str, Any]], params: QueryParams, *, unknown_after
 
 
 def item_list(page: list[dict[str, Any]], *, has_more: bool = False) -> dict[str, Any]:
+    """The list object; an empty page's ``first_id`` and ``last_id`` are "" (OpenAI's schema has
+    them as required strings, so null fails a strict client)."""
     return {
         "object": "list",
         "data": page,
-        "first_id": page[0].get("id") if page else None,
-        "last_id": page[-1].get("id") if page else None,
+        "first_id": page[0].get("id", "") if page else "",
+        "last_id": page[-1].get("id", "") if page else "",
         "has_more": has_more,
     }

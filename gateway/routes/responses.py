@@ -141,7 +141,7 @@ async def compact_response(request: Request) -> Response:
             raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
         watch = DisconnectWatch(request)
         try:
-            resource = await while_connected(watch, _service(request).compact_endpoint(body))
+            resource = await while_connected(watch, _service(request).compact_endpoint(body, _owner(request)))
         finally:
             await watch.stop()
         cost = await ticket.settle("completed", resource.get("usage"))

@@ -134,3 +134,32 @@ def test_errors_in_anthropics_shape(claude, kiln):
     assert err.value.body == {"type": "error", "error": {"type": "not_found_error", "message": err.value.body["error"]["message"]}}
     r = httpx.post(kiln.base_url + "/v1/messages", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in r.json()["error"]["message"]
+
+
+def test_claude_code_mid_conversation_system_message_is_answered(kiln):
+    """Claude Code 2.1.332's first request of a prompt, in its shape (beta
+    mid-conversation-tool-changes-2026-07-01): a ``role: "system"`` message after the user turn.
+    Answered 200, not refused (Claude Code would retry without it, one request wasted)."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332;"},
+            {"type": "text", "text": "You are Claude Code. Be brief.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Say hello.", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": [{"type": "text", "text": "Tools available now: none.", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        "temperature": 0,
+        "metadata": {"user_id": "user_0123_account__session_4567"},
+    }
+    headers = {"anthropic-beta": "claude-code-20250219,mid-conversation-tool-changes-2026-07-01", "anthropic-version": "2023-06-01", "x-api-key": "sk-local"}
+    with httpx.Client(base_url=kiln.base_url, timeout=900) as c:
+        with c.stream("POST", "/v1/messages?beta=true", json=body, headers=headers) as r:
+            assert r.status_code == 200, r.read()
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+        counted = c.post("/v1/messages/count_tokens?beta=true", json={k: v for k, v in body.items() if k not in ("max_tokens", "stream")}, headers=headers)
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 0

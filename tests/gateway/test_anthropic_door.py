@@ -78,6 +78,34 @@ def test_a_full_conversation_translates_into_a_valid_responses_body():
     assert "top_k" not in body  # accepted, not applied: the sampler has no top-k
 
 
+# The shape of Claude Code 2.1.332's first request of a prompt (beta header
+# mid-conversation-tool-changes-2026-07-01): a system message after the user turn.
+MID_CONVERSATION_SYSTEM = {
+    "model": "m",
+    "max_tokens": 32000,
+    "stream": True,
+    "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "List the files."}]},
+        {"role": "system", "content": [{"type": "text", "text": "The tools changed: Bash is now available.", "cache_control": {"type": "ephemeral"}}]},
+    ],
+    "metadata": {"user_id": "user_abc"},
+}
+
+
+def test_a_mid_conversation_system_message_is_a_system_turn_at_its_place():
+    from kiln.worker.prompt import to_messages
+    from kiln.protocol.request import ContentPart, Message as InputMessage
+
+    body = _translate(MID_CONVERSATION_SYSTEM)
+    assert [(i["type"], i["role"]) for i in body["input"]] == [("message", "user"), ("message", "system")]
+    assert body["input"][1]["content"] == "The tools changed: Bash is now available."
+    items = [InputMessage(i["role"], (ContentPart("input_text", i["content"] if isinstance(i["content"], str) else i["content"][0]["text"]),)) for i in body["input"]]
+    rendered = to_messages(body["instructions"], items, tool_markup=True)
+    assert [m["role"] for m in rendered] == ["system", "user", "system"]
+    assert rendered[2]["content"] == "The tools changed: Bash is now available."
+
+
 @pytest.mark.parametrize(
     "raw, param",
     [

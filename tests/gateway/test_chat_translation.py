@@ -115,6 +115,25 @@ def test_text_chunks_and_completion_conform():
     assert [e["token"] for e in final["choices"][0]["logprobs"]["content"]] == ["Hel", "lo"]
 
 
+def test_a_tool_call_stream_has_no_empty_content():
+    """The first chunk says the role only: a ``content: ""`` before a tool call is an empty text
+    part to the Vercel AI SDK."""
+    t = ChatTranslator("resp_t", "m")
+    item = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}
+    events = [
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.function_call_arguments.delta", "item_id": "fc_1", "output_index": 0, "delta": '{"a": 1}'},
+        {"type": "response.output_item.done", "output_index": 0, "item": {**item, "arguments": '{"a": 1}', "status": "completed"}},
+    ]
+    chunks = _run(t, events) + [t.closing("completed")]
+    for c in chunks:
+        assert_component(c, "CreateChatCompletionStreamResponse")
+        assert "content" not in c["choices"][0]["delta"], c
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "f"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def test_stop_sequence_split_across_deltas_is_cut():
     t = ChatTranslator("resp_x", "m", stop=["STOP"])
     chunks = _run(t, _text_events(["one two ST", "OP three"]))

@@ -62,5 +62,9 @@ def test_trigger_and_context_management_shorten(client):
 
 
 def test_history_that_cannot_shorten_is_still_refused(client):
-    r = client.post("/v1/responses/compact", json={"model": MODEL, "input": [{"role": "user", "content": "only one"}]})
+    """Automatic compaction over its threshold with nothing to summarize cannot make room: 400.
+    (``/responses/compact`` accepts such a history and retains it all; tests/gateway/
+    test_compaction_scripted.py.)"""
+    body = {"model": MODEL, "input": [{"role": "user", "content": "only one"}], "context_management": [{"type": "compaction", "compact_threshold": 1}], "max_output_tokens": 4}
+    r = client.post("/v1/responses", json=body)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -143,3 +143,20 @@ def test_conversation_errors(http):
     r = http.post("/v1/conversations", json={"items": [{"type": "mystery"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "items[0].type"
     assert_error(r.json())
+
+
+def test_unknown_conversation_on_create_is_404_and_starts_nothing(sdk, http):
+    """As OpenAI: a create naming a conversation that does not exist is a 404, not a new one."""
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk.responses.create(model=MODEL, input="hi", conversation="conv_nope", max_output_tokens=4)
+    assert err.value.status_code == 404
+    assert_error(err.value.response.json())
+    assert http.get("/v1/conversations/conv_nope").status_code == 404
+
+
+def test_empty_item_list_validates(sdk, http):
+    conv = sdk.conversations.create()
+    body = http.get(f"/v1/conversations/{conv.id}/items").json()
+    assert body["data"] == [] and body["first_id"] == "" and body["last_id"] == ""
+    assert_api_object("ConversationItemList", body)
+    assert list(sdk.conversations.items.list(conv.id)) == []

@@ -55,6 +55,20 @@ async def test_plain_response_has_every_field(app):
     assert_api_object("Response", body)
 
 
+async def test_echo_background_puts_false_on_every_foreground_snapshot():
+    """--echo-background: for clients holding every Response to OpenAI's schema (which requires
+    the key), foreground responses say background: false, on every snapshot and on retrieval."""
+    app, _ = local_app(echo_background=True)
+    async with client_for(app) as c:
+        plain = (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}))).json()
+        streamed = _sse((await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}))).text)
+        stored = (await bounded(c.get(f"/v1/responses/{plain['id']}"))).json()
+    assert plain["background"] is False and stored["background"] is False
+    assert_response(plain)
+    snapshots = [e["response"] for e in streamed if "response" in e]
+    assert snapshots and all(s["background"] is False for s in snapshots)
+
+
 async def test_requested_values_are_echoed(app):
     sent = {"presence_penalty": 0.5, "frequency_penalty": -1.25, "max_tool_calls": 2, "safety_identifier": "user-42", "top_logprobs": 3, "service_tier": "flex"}
     async with client_for(app) as c:

@@ -108,6 +108,25 @@ def test_unknown_previous_id_and_reconnect_give_previous_response_not_found(loca
         assert_ws_turn(_turn(ws, input="more", previous_response_id=stored["id"]))
 
 
+def test_an_output_for_no_call_is_400_and_evicts_the_continuation(local):
+    """As OpenAI (and the Open Responses suite's websocket-failed-continuation-evicts-cache): a
+    function_call_output whose call_id names no call is refused, and the failed continuation
+    takes the response it continued out of the connection's state."""
+    orphan = {"type": "function_call_output", "call_id": "call_nowhere", "output": "42"}
+    with local.websocket_connect(URL) as ws:
+        first = _turn(ws, input="one", store=False)[-1]["response"]
+        frame = _turn(ws, input=[orphan], store=False, previous_response_id=first["id"])[-1]
+        assert_ws_error(frame)
+        assert frame["status"] == 400 and frame["error"]["param"] == "input" and "call_nowhere" in frame["error"]["message"]
+        again = _turn(ws, input="two", store=False, previous_response_id=first["id"])[-1]
+        assert again["type"] == "error" and again["error"]["code"] == "previous_response_not_found"
+    r = local.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "hi"}, orphan]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    call = {"type": "function_call", "call_id": "call_here", "name": "f", "arguments": "{}"}
+    ok = local.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": "hi"}, call, {**orphan, "call_id": "call_here"}]})
+    assert ok.status_code == 200, ok.text
+
+
 def test_warm_up_is_a_completed_response_without_output(local):
     with local.websocket_connect(URL) as ws:
         frames = _turn(ws, input="warm me", generate=False, store=False)

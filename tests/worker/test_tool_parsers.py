@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.worker.output.tool_calls.base import (
+    CutCall,
     ArgumentsDelta,
     CallStarted,
     FinalParse,
@@ -294,13 +295,21 @@ def test_partial_marker_is_held_then_released() -> None:
     assert parser.feed("box>") == [TextDelta(" <tool_box>")]
 
 
-def test_unclosed_call_at_end_comes_back_as_text() -> None:
+def test_call_cut_off_at_end_is_a_cut_call_not_text() -> None:
+    """max_output_tokens ended the text inside a call: what was read of it is ``cut``, and no
+    markup is text."""
     text = 'Plan: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
-    for factory in (lambda: HermesParser(TOOLS),):
-        run = feed_chunks(factory(), [text[:10], text[10:]])
-        assert run.text == "Plan:"
-        assert run.final == FinalParse(text=text, calls=[])
-        assert run.names == ["get_weather"]  # it was started; the final parse drops it
+    run = feed_chunks(HermesParser(TOOLS), [text[:10], text[10:]])
+    assert run.text == "Plan:"
+    assert run.final == FinalParse(text="Plan:", calls=[], cut=CutCall("get_weather", '{"city": "Par'))
+    assert run.names == ["get_weather"]  # it was started; the final parse reports it cut
+    assert run.arguments == ['{"city": "Par']
+
+
+@pytest.mark.parametrize("end", ["<tool_call>", "<tool_call>\n", '<tool_call>\n{"name', '<tool_call>\n{"name": "get_weather", "argu'])
+def test_call_cut_before_its_arguments_is_nameless_cut(end: str) -> None:
+    run = feed_chunks(HermesParser(TOOLS), [end])
+    assert run.final == FinalParse(text="", calls=[], cut=CutCall(None, "")) and run.text == ""
 
 
 def test_malformed_closed_block_is_text_and_later_calls_survive() -> None:

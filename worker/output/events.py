@@ -35,8 +35,12 @@ class Piece:
 
 @dataclass
 class Call:
+    """A call's final form; ``complete`` is False for one the output ended inside (its
+    ``arguments`` are then a prefix of JSON, and the item's status is ``incomplete``)."""
+
     name: str
     arguments: str
+    complete: bool = True
 
 
 class PlainRouter:
@@ -116,7 +120,7 @@ class OutputAssembler:
             self._open_message()
         self._close_reasoning()
         self._close_message(incomplete)
-        self._close_calls(calls, incomplete)
+        self._close_calls(calls)
         if incomplete:
             return "incomplete", {"reason": "max_output_tokens"}
         return "completed", None
@@ -240,7 +244,7 @@ class OutputAssembler:
         call.text.append(delta)
         self._emit({"type": "response.function_call_arguments.delta", "item_id": call.item["id"], "output_index": call.index, "delta": delta})
 
-    def _close_calls(self, calls: list[Call], incomplete: bool) -> None:
+    def _close_calls(self, calls: list[Call]) -> None:
         if self._max_calls is not None:
             calls = calls[: self._max_calls]
         for index, final in enumerate(calls):
@@ -254,7 +258,9 @@ class OutputAssembler:
                 self._call_delta(index, final.arguments[len(sent):])
             arguments = final.arguments
             self._emit({"type": "response.function_call_arguments.done", "item_id": call.item["id"], "output_index": call.index, "name": final.name, "arguments": arguments})
-            call.item = {**call.item, "name": final.name, "arguments": arguments, "status": "incomplete" if incomplete else "completed"}
+            # A call whose arguments are whole is completed even when the response was cut after
+            # it; only a call the output ended inside is incomplete.
+            call.item = {**call.item, "name": final.name, "arguments": arguments, "status": "completed" if final.complete else "incomplete"}
             self._emit({"type": "response.output_item.done", "output_index": call.index, "item": call.item})
         for index in sorted(self._calls):
             if index >= len(calls):  # started streaming but the final parse dropped it

@@ -15,9 +15,16 @@ from .tool_calls.base import ArgumentsDelta, CallStarted, TextDelta, ToolCallPar
 
 
 class ResponseRouter:
-    def __init__(self, reasoning: ReasoningSplitter | None, parser: ToolCallParser | None) -> None:
+    def __init__(self, reasoning: ReasoningSplitter | None, parser: ToolCallParser | None, *, forced: bool = False, forced_name: str | None = None) -> None:
         self._reasoning = reasoning
         self._parser = parser
+        # A forced call's output is the grammar's call markup from its first token, so no part of
+        # it is message text, even a start of the open tag that the parser cannot yet tell from
+        # text when the output is cut there.
+        self._forced = forced
+        # The one function a forced call can name: a call cut off before its name was read is
+        # still that call.
+        self._forced_name = forced_name
         self._streamed_text: list[str] = []
         self._started_calls = 0
 
@@ -32,13 +39,20 @@ class ResponseRouter:
         if self._parser is None:
             return pieces, []
         final = self._parser.finish()
+        calls = [Call(c.name, c.arguments) for c in final.calls]
+        if final.cut is not None:  # the text ended inside a call: an incomplete call, not text
+            calls.append(Call(final.cut.name or self._forced_name or "", final.cut.arguments, complete=False))
+        if self._forced:
+            if not calls:  # cut inside the open tag
+                calls.append(Call(self._forced_name or "", "", complete=False))
+            return pieces, calls
         streamed = "".join(self._streamed_text)
         # The final parse is authoritative; text it adds (e.g. a malformed call given back as
         # text) goes out now.
-        truncated_call = self._started_calls > len(final.calls)
+        truncated_call = self._started_calls > len(calls)
         if not truncated_call and final.text.startswith(streamed) and len(final.text) > len(streamed):
             pieces.append(Piece("content", final.text[len(streamed):]))
-        return pieces, [Call(c.name, c.arguments) for c in final.calls]
+        return pieces, calls
 
     def _route(self, segments: list[tuple[str, str]]) -> list[Piece]:
         pieces: list[Piece] = []
@@ -55,6 +69,8 @@ class ResponseRouter:
         pieces = []
         for event in events:
             if isinstance(event, TextDelta):
+                if self._forced:
+                    continue
                 self._streamed_text.append(event.text)
                 pieces.append(Piece("content", event.text))
             elif isinstance(event, CallStarted):
@@ -65,8 +81,10 @@ class ResponseRouter:
         return pieces
 
 
-def make_router(prompt_text: str, *, tools: list[dict], tool_choice: Any, parser_factory: Any) -> ResponseRouter:
-    """The router for one generation: reasoning always (cheap when absent), tools when declared."""
+def make_router(prompt_text: str, *, tools: list[dict], tool_choice: Any, parser_factory: Any, forced: bool = False, forced_name: str | None = None) -> ResponseRouter:
+    """The router for one generation: reasoning always (cheap when absent), tools when declared.
+    ``forced``: a grammar forces a call; ``forced_name``: the function it must be, when only one
+    can be."""
     reasoning = ReasoningSplitter(start_in_reasoning=prompt_opens_reasoning(prompt_text))
     parser = parser_factory(tools) if tools and tool_choice != "none" else None
-    return ResponseRouter(reasoning, parser)
+    return ResponseRouter(reasoning, parser, forced=forced and parser is not None, forced_name=forced_name)

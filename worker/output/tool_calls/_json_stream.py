@@ -110,6 +110,11 @@ class JsonCallReader:
         return self._head == "failed"
 
     @property
+    def partial_arguments(self) -> str:
+        """The arguments text streamed so far (a prefix of a JSON object; "" before it began)."""
+        return self._buf[self._args_start : self._args_sent] if self._head == "matched" else ""
+
+    @property
     def raw(self) -> str:
         """The text of the object read so far."""
         return self._buf

@@ -7,6 +7,7 @@ from abc import abstractmethod
 from .base import (
     ArgumentsDelta,
     CallStarted,
+    CutCall,
     FinalParse,
     ParsedCall,
     ParserEvent,
@@ -29,6 +30,7 @@ class BufferedParser(ToolCallParser):
         self._buf = ""
         self._out = TextOutput()
         self._calls: list[ParsedCall] = []
+        self._cut: CutCall | None = None
         self._finished: FinalParse | None = None
 
     def feed(self, text: str) -> list[ParserEvent]:
@@ -42,7 +44,7 @@ class BufferedParser(ToolCallParser):
             self._run(final=True)
             self._flush()
             self._buf = ""
-            self._finished = FinalParse(self._out.text, list(self._calls))
+            self._finished = FinalParse(self._out.text, list(self._calls), self._cut)
         return self._finished
 
     @abstractmethod

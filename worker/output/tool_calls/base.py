@@ -13,6 +13,9 @@ Guarantees of every parser (tested by property tests for every format):
 - The concatenated ``TextDelta`` texts are a prefix of ``FinalParse.text``
   (equal to it unless a malformed call was left unclosed at the end, which
   comes back as text in ``FinalParse.text`` rather than being lost).
+- A call the text ends inside (cut off by ``max_output_tokens``) is never
+  text: a parser that can tell one (Hermes, the forced-call syntax) reports
+  it as ``FinalParse.cut``, with what was read of it.
 - Text is whitespace-stripped at both ends (whitespace next to calls is
   formatting, not content).
 - ``CallStarted.index`` counts calls from 0 in order; ``FinalParse.calls[i]``
@@ -65,11 +68,22 @@ class ParsedCall:
 
 
 @dataclass
+class CutCall:
+    """A call the text ended inside: its name if it was read (else None) and its arguments so
+    far, a prefix of a JSON object ("" before the object began). Reported as an incomplete call,
+    so that template markup never reaches a client as message text."""
+
+    name: str | None
+    arguments: str
+
+
+@dataclass
 class FinalParse:
-    """The authoritative parse of everything fed."""
+    """The authoritative parse of everything fed; ``cut``: the call it ended inside, if any."""
 
     text: str
     calls: list[ParsedCall] = field(default_factory=list)
+    cut: CutCall | None = None
 
 
 ParserEvent = Union[TextDelta, CallStarted, ArgumentsDelta]

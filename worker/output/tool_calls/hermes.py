@@ -3,14 +3,15 @@
 The format of Qwen2.5/Qwen3, Hermes and the fallback for templates without
 tool support (the tool prompt teaches this syntax). Several calls may follow
 each other, and a block may hold more than one object. A block whose content
-is not a valid call is returned as text; one cut off at the end too.
+is not a valid call is returned as text. A call the text ends inside (cut off by
+max_output_tokens, as a forced call under a small cap is) is ``FinalParse.cut``, never text.
 """
 
 from __future__ import annotations
 
 from ._json_stream import JsonCallReader
 from ._stream import StreamingParser
-from .base import ParserEvent, Tools
+from .base import CutCall, ParserEvent, Tools
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -27,12 +28,24 @@ class HermesParser(StreamingParser):
         self._reader: JsonCallReader | None = None
 
     def _flush(self) -> None:
-        if self._in_block:
-            if self._reader is not None:
-                ok, _ = self._settle_reader(self._reader)
-                self._block_ok += ok
-            self._block_raw += self._buf
-            self._close_block()
+        if not self._in_block:
+            return
+        reader = self._reader
+        if reader is not None:
+            ok, _ = self._settle_reader(reader)
+            self._block_ok += ok
+            if not ok and not reader.ended and not reader.head_failed:
+                self._cut_off(reader.name, reader.partial_arguments)
+                return
+        elif not self._buf.strip() and not self._block_ok:
+            self._cut_off(None, "")  # the block opened, its object had not begun
+            return
+        self._block_raw += self._buf
+        self._close_block()
+
+    def _cut_off(self, name: str | None, arguments: str) -> None:
+        self._in_block, self._reader = False, None
+        self._cut = CutCall(name, arguments)
 
     def _run(self, final: bool) -> list[ParserEvent]:
         events: list[ParserEvent] = []
