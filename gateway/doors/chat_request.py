@@ -29,6 +29,8 @@ class ChatRequest:
     include_usage: bool = False
     logprobs: bool = False
     stop: list[str] = field(default_factory=list)
+    # The legacy Completions door's prompt, continued as raw text (no chat template).
+    raw_prompt: str | None = None
 
 
 def _text_of(content: Any, param: str, *, allow_refusal: bool = False) -> str:

@@ -28,7 +28,7 @@ from ..generation import GenerationFailed, complete_usage
 from ..generation import count_tokens as worker_count_tokens
 from ..history import expand
 from ..lifecycle import ResponseRun
-from .door import ClientDisconnected, DisconnectWatch, drain_run, read_body, start_run, stream_run, validated, while_connected
+from .door import ClientDisconnected, DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated, while_connected
 from .door import owner as _owner
 from .door import service as _service
 
@@ -45,15 +45,6 @@ def _frame(event: dict[str, Any]) -> bytes:
 def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
     """The usage the client is told, which is the usage billed."""
     return run.response.data.get("usage")
-
-
-def _cap_max_tokens(service: Any, body: dict[str, Any]) -> None:
-    """``max_tokens`` is required here and clients pick it for Claude models, not this one (Claude
-    Code asks for 32000): above the model's context window it is capped to the window, where
-    /v1/responses would refuse it. The worker then caps it to the room the prompt leaves."""
-    window = service.pool.context_window(service.pool.require(body["model"]))
-    if window and body.get("max_output_tokens", 0) > window:
-        body["max_output_tokens"] = window
 
 
 def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
@@ -82,8 +73,11 @@ async def _create(request: Request) -> Response:
 
     async def make_run() -> ResponseRun:
         body = validated(request, spec.body)
-        _cap_max_tokens(service, body)
-        generation, own_input = await service.prepare(body, _owner(request))
+        # ``max_tokens`` is required here and clients pick it for Claude models, not this one
+        # (Claude Code asks for 32000): above the model's context window it is capped to the
+        # window, where /v1/responses would refuse it. The worker then caps it to the room the
+        # prompt leaves.
+        generation, own_input = await service.prepare(body, _owner(request), options=options(request, cap_to_window=True))
         return ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
 
     run = await start_run(ticket, watch, make_run)
@@ -198,7 +192,7 @@ async def _count(request: Request) -> Response:
         body["input"] = expand_items(await service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
-            count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+            count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s, options(request)))
         finally:
             await watch.stop()
         return JSONResponse({"input_tokens": count})

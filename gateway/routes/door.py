@@ -14,17 +14,18 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
 
 from ..admission import Ticket
 from ..body import read_json
+from ..door_options import DoorOptions
 from ..errors import invalid
 from ..generation import GenerationFailed
 from ..lifecycle import ResponseRun
 from ..responses_service import ResponsesService
 from ..validation import validate_create
-from ..workers import SESSION_FIELD, SESSION_HEADERS
+from ..workers import SESSION_HEADERS
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -45,22 +46,29 @@ async def read_body(request: Request) -> dict[str, Any]:
     raw = await read_json(request, request.app.state.settings.max_body_bytes)
     if not isinstance(raw, dict):
         raise invalid("The request body must be a JSON object.")
-    # Set only by the legacy /v1/completions door on the body it builds (the worker then skips
-    # the chat template); never taken from a client.
-    raw.pop("raw_prompt", None)
     return raw
 
 
-def validated(request: Request, raw: dict[str, Any]) -> dict[str, Any]:
-    """A Responses create body, validated and with the server's defaults applied."""
+def validated(request: HTTPConnection, raw: dict[str, Any]) -> dict[str, Any]:
+    """A Responses create body (client fields only), validated and with the server's defaults
+    applied."""
     settings = request.app.state.settings
     body = validate_create(raw, hosted_tools=settings.hosted_tools)
     if body.get("temperature") is None and settings.default_temperature is not None:
         body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
-    session = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
-    if session is not None:
-        body[SESSION_FIELD] = session[:256]
     return body
+
+
+def session(request: HTTPConnection) -> str | None:
+    """The client's session header (Codex sends ``session-id`` on every turn), which keeps its
+    requests on one worker when they carry no ``prompt_cache_key``."""
+    value = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
+    return None if value is None else value[:256]
+
+
+def options(request: HTTPConnection, **decided: Any) -> DoorOptions:
+    """The door's options for ``request``: its session header and what the door ``decided``."""
+    return DoorOptions(session=session(request), **decided)
 
 
 class ClientDisconnected(Exception):

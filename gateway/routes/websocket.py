@@ -27,12 +27,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable
 from ..admission import OpenTicket, Ticket
 from ..body import parse_json_bytes
+from ..door_options import DoorOptions
 from ..errors import ApiError, invalid
 from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..sse import EventSequencer
 from ..store.connection import ConnectionState
-from ..workers import SESSION_FIELD
+from .door import session as door_session
 from .door import validated as _validated
 
 log = logging.getLogger("kiln.gateway.websocket")
@@ -271,12 +272,12 @@ class Session:
             await self._refused(error, previous)
             return
         try:
-            body = _validated(self.ws, body)  # type: ignore[arg-type]  # an HTTPConnection suffices
-            body.setdefault(SESSION_FIELD, f"ws-{self.id}")  # all turns to the worker of the first
+            body = _validated(self.ws, body)
+            # All turns go to the worker of the first; a warm-up (generate: false) prefills the
+            # prompt into that worker's cache and its one token is dropped.
+            options = DoorOptions(session=door_session(self.ws) or f"ws-{self.id}", warm_up=not generate)
             history = self._history(body)
-            generation, own_input = await self.service.prepare(body, self.owner, history=history)
-            if not generate:
-                generation.body["max_output_tokens"] = 1  # prefill (and warm the cache), drop the token
+            generation, own_input = await self.service.prepare(body, self.owner, history=history, options=options)
             run = ResponseRun(self.service, generation, own_input, ticket, streaming=True)
             opening = generation.response.snapshot()
             await run.start()
