@@ -24,8 +24,8 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable
-from ..admission import OpenTicket, Ticket
+from ..accounts.middleware import PRINCIPAL_SCOPE_KEY
+from ..admission import admit
 from ..body import parse_json_bytes
 from ..door_options import DoorOptions
 from ..errors import ApiError, invalid
@@ -99,9 +99,7 @@ class Session:
         self.inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self.gone = asyncio.Event()
         self.flooded = False
-        principal = ws.scope.get(PRINCIPAL_SCOPE_KEY)
-        self.principal = principal
-        self.owner = getattr(principal, "org_id", None)
+        self.owner = getattr(ws.scope.get(PRINCIPAL_SCOPE_KEY), "org_id", None)
         self.turns = 0
 
     async def run(self) -> None:
@@ -221,32 +219,6 @@ class Session:
         body["stream"] = True
         return body, generate
 
-    async def _admit(self, raw: dict[str, Any]) -> Ticket:
-        """An HTTP create's admission, per turn: in hosted mode the organization's slot is taken
-        here and freed when the turn settles, and the turn gets its own generation id."""
-        accounts = self.ws.app.state.accounts
-        loader = self.ws.app.state.loader
-        if accounts is None:
-            await loader.ensure(raw.get("model"))
-            return OpenTicket()
-        from ..accounts.admission import admit as hosted_admit
-        from ..accounts.metering import new_generation_id
-
-        principal = self.principal
-        try:
-            slot = await accounts.limiter.acquire(principal.org_id, principal.concurrency_limit)
-        except ApiError:
-            raise
-        except Exception as exc:  # Redis down
-            raise accounts_unavailable(exc) from None
-        try:
-            return await hosted_admit(accounts, principal=principal, generation_id=new_generation_id(), body=raw, pool=self.ws.app.state.pool, slot=slot, loader=loader)
-        except BaseException as exc:
-            await slot.release()
-            if isinstance(exc, Exception) and not isinstance(exc, ApiError):
-                raise accounts_unavailable(exc) from None
-            raise
-
     def _history(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The connection's own history for ``previous_response_id``; None: ask the stores."""
         previous = body.get("previous_response_id")
@@ -267,7 +239,7 @@ class Session:
         try:
             body, generate = self._request(frame)
             previous = body.get("previous_response_id") if isinstance(body.get("previous_response_id"), str) else None
-            ticket = await self._admit(body)
+            ticket = await admit(self.ws, body, turn=True)
         except ApiError as error:
             await self._refused(error, previous)
             return
