@@ -142,6 +142,17 @@ class ResponsesService:
         )
         return generation, own_input
 
+    async def count_input_tokens(self, body: dict, owner: Any = None, options: DoorOptions = NO_OPTIONS) -> int:
+        """The prompt's length in tokens, rendered as a create with the same body would be
+        (history, item references, sealed reasoning, the reasoning echo, compaction items): the
+        one counter behind ``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens``."""
+        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
+        body = {**body, "model": model}
+        history = await expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
+        own = self.unseal_items(await self.resolve_references(body["input"], owner))
+        items = compaction.expand_items(await self.reasoning_echo.restore(history + own, owner), self.sealer)
+        return await count_tokens(self.pool, {**body, "input": items}, model, self.settings.first_event_timeout_s, options)
+
     # -- item references -------------------------------------------------------------------------
     async def resolve_references(self, items: list[dict], owner: Any = None) -> list[dict]:
         """``item_reference`` items replaced by the items they name: input or output items of the

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..admission import admit
-from ..compaction import expand_items
 from ..doors.anthropic import (
     MessagesRequest,
     MessageTranslator,
@@ -25,8 +24,6 @@ from ..doors.anthropic import (
 )
 from ..errors import ApiError
 from ..generation import GenerationFailed, complete_usage
-from ..generation import count_tokens as worker_count_tokens
-from ..history import expand
 from ..lifecycle import ResponseRun
 from .door import ClientDisconnected, DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated, while_connected
 from .door import owner as _owner
@@ -186,13 +183,9 @@ async def _count(request: Request) -> Response:
     ticket = await admit(request, spec.body, reserve=False)  # key scope, credits; not billed
     try:
         body = validated(request, spec.body)
-        model = service.pool.require(body["model"])
-        body["model"] = model
-        history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(await service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
-            count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s, options(request)))
+            count = await while_connected(watch, service.count_input_tokens(body, _owner(request), options(request)))
         finally:
             await watch.stop()
         return JSONResponse({"input_tokens": count})

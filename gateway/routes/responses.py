@@ -9,10 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..admission import admit
-from ..compaction import expand_items
 from ..errors import invalid
-from ..generation import GenerationFailed, count_tokens, terminal_event
-from ..history import expand
+from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..sse import EventSequencer, frame_numbered
 from ..store.events import TooOld
@@ -156,14 +154,9 @@ async def input_tokens(request: Request) -> Response:
     ticket = await admit(request, raw, reserve=False)  # key scope, credits, concurrency; not billed
     try:
         body = validated(request, raw)
-        model = service.pool.require(body["model"])
-        body["model"] = model
-        history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        own = service.unseal_items(await service.resolve_references(body["input"], _owner(request)))
-        body["input"] = expand_items(await service.reasoning_echo.restore(history + own, _owner(request)), service.sealer)
         watch = DisconnectWatch(request)
         try:
-            count = await while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s, options(request)))
+            count = await while_connected(watch, service.count_input_tokens(body, _owner(request), options(request)))
         finally:
             await watch.stop()
         return JSONResponse({"object": "response.input_tokens", "input_tokens": count})

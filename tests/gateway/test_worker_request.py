@@ -188,3 +188,13 @@ def test_bad_sampling_is_400_from_every_door(gateway, field, value):
 def test_anthropic_bad_top_p_is_a_400(gateway):
     r = gateway.post("/v1/messages", json={"model": MODEL, "max_tokens": 5, "top_p": 0, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["type"] == "error" and gateway.pool.sent == []
+
+
+def test_both_count_endpoints_count_through_the_same_counter(gateway):
+    """``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens`` share one counter: the same
+    conversation is sent to the worker as the same request."""
+    assert gateway.post("/v1/responses/input_tokens", json={"model": MODEL, "instructions": "Be brief.", "input": [{"role": "user", "content": "hi"}]}).status_code == 200
+    openai_style = gateway.pool.request(CountTokens)
+    gateway.pool.sent.clear()
+    assert gateway.post("/v1/messages/count_tokens", json={"model": MODEL, "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    assert gateway.pool.request(CountTokens) == openai_style and openai_style.instructions == "Be brief."
