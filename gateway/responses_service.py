@@ -58,7 +58,7 @@ def _with_ids(items: list[dict]) -> list[dict]:
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item = {**item, "content": [{"type": part, "text": item["content"]}]}
         if not item.get("id"):
-            item = {**item, "id": f"{_ID_PREFIX.get(item.get('type'), 'item')}_{uuid.uuid4().hex}"}
+            item = {**item, "id": f"{_ID_PREFIX.get(str(item.get('type')), 'item')}_{uuid.uuid4().hex}"}
         out.append(item)
     return out
 

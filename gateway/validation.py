@@ -110,7 +110,7 @@ def _number_in(body: dict, key: str, low: float, high: float) -> None:
 
 def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | None:
     """An optional integer field (never a boolean or a float) within ``low``..``high``."""
-    value = _expect(body, key, (int,), "an integer")
+    value: int | None = _expect(body, key, (int,), "an integer")
     if value is None:
         return None
     if value < low:
@@ -130,14 +130,14 @@ def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | No
 
 def check_metadata(metadata: Any) -> dict | None:
     """OpenAI's metadata: up to 16 string values, keys up to 64 and values up to 512 characters."""
-    metadata = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
-    if metadata is not None:
-        if len(metadata) > 16:
+    checked: dict | None = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
+    if checked is not None:
+        if len(checked) > 16:
             raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
-        for key, value in metadata.items():
+        for key, value in checked.items():
             if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
                 raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
-    return metadata
+    return checked
 
 
 def _check_include(body: dict) -> None:
@@ -291,7 +291,7 @@ def _check_function(tool: dict, param: str) -> None:
 
 
 def function_names(tools: list[dict]) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for tool in tools:
         if tool.get("type") == "namespace":
             names.update(fn["name"] for fn in tool["tools"])

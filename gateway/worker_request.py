@@ -114,7 +114,7 @@ def _function(tool: Mapping[str, Any], param: str, namespace: Any) -> ToolSpec:
     if not isinstance(description, str):
         raise InvalidParam(f"{param}.description", f"Invalid type for '{param}.description': expected a string.")
     return ToolSpec(
-        name=tool.get("name"),  # checked by ToolSpec
+        name=tool.get("name"),  # type: ignore[arg-type]  # any value: ToolSpec refuses a non-string name
         parameters=tool.get("parameters") or dict(EMPTY_PARAMETERS),
         description=description,
         namespace=namespace,

@@ -222,7 +222,7 @@ def _thinking_shown(raw: Any) -> bool:
         budget = raw.get("budget_tokens")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise invalid("thinking.budget_tokens: expected a positive integer.", param="thinking.budget_tokens")
-    return raw["type"] != "disabled"
+    return bool(raw["type"] != "disabled")
 
 
 @dataclass

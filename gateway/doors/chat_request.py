@@ -138,7 +138,7 @@ def _fn_name(value: Any, param: str) -> str:
     fn = value.get("function") if isinstance(value, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise invalid(f"Invalid '{param}': expected {{'type': 'function', 'function': {{'name': ...}}}}.", param=param)
-    return fn["name"]
+    return str(fn["name"])
 
 
 def _tool_choice(choice: Any) -> Any:

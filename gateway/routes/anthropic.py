@@ -41,7 +41,8 @@ def _frame(event: dict[str, Any]) -> bytes:
 
 def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
     """The usage the client is told, which is the usage billed."""
-    return run.response.data.get("usage")
+    usage: dict[str, Any] | None = run.response.data.get("usage")
+    return usage
 
 
 def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
