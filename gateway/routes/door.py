@@ -21,7 +21,7 @@ from ..admission import Ticket
 from ..body import read_json
 from ..door_options import DoorOptions
 from ..errors import invalid
-from ..generation import GenerationFailed
+from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..responses_service import ResponsesService
 from ..validation import validate_create
@@ -139,6 +139,31 @@ async def start_run(ticket: Ticket, watch: DisconnectWatch, make_run: Callable[[
         await watch.stop()
         await ticket.close()
         raise
+
+
+async def response_stream(run: ResponseRun, opening: dict[str, Any], *, quiet: bool = False, finishing: Callable[[], None] | None = None, finished: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
+    """A started run as the Responses stream, for the SSE and WebSocket doors alike (each numbers
+    and frames the events its way): ``response.created`` and ``response.in_progress`` carrying
+    ``opening``, the run's events, then the terminal event once the run is finished (billed and
+    stored before the client can see it end). A failure mid-stream ends it ``response.failed``.
+
+    ``quiet``: the run's own events are not passed on (a warm-up turn). ``finishing`` runs before
+    the run is finished, ``finished`` after, both before the terminal event. The caller's
+    ``finally`` finishes the run as cut (``run.finish(client_gone=True)``) if the client left."""
+    yield {"type": "response.created", "response": opening}
+    yield {"type": "response.in_progress", "response": opening}
+    try:
+        async for event in run.events():
+            if not quiet:
+                yield event
+    except GenerationFailed:
+        pass
+    if finishing is not None:
+        finishing()
+    await run.finish()  # before the terminal event leaves
+    if finished is not None:
+        finished()
+    yield terminal_event(run.response)
 
 
 async def stream_run(run: ResponseRun, watch: DisconnectWatch, body: AsyncIterator[bytes]) -> Response:

@@ -10,12 +10,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..admission import admit
 from ..errors import invalid
-from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..sse import EventSequencer, frame_numbered
 from ..store.events import TooOld
 from ..validation import parse_bool, validate_create
-from .door import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated, while_connected
+from .door import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, options, read_body, response_stream, start_run, stream_run, validated, while_connected
 from .door import owner as _owner
 from .pagination import item_page
 from .door import service as _service
@@ -65,15 +64,8 @@ async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
     then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
     seq = EventSequencer(on_event=run.service.stream_recorder(run.generation))  # streamed retrieval
     try:
-        yield seq.frame({"type": "response.created", "response": opening})
-        yield seq.frame({"type": "response.in_progress", "response": opening})
-        try:
-            async for event in run.events():
-                yield seq.frame(event)
-        except GenerationFailed:
-            pass
-        await run.finish()  # before the terminal event leaves
-        yield seq.frame(terminal_event(run.response))
+        async for event in response_stream(run, opening):
+            yield seq.frame(event)
     finally:
         await run.finish(client_gone=True)  # a no-op when the run finished above
 

@@ -29,10 +29,10 @@ from ..admission import admit
 from ..body import parse_json_bytes
 from ..door_options import DoorOptions
 from ..errors import ApiError, invalid
-from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..sse import EventSequencer
 from ..store.connection import ConnectionState
+from .door import response_stream
 from .door import session as door_session
 from .door import validated as _validated
 
@@ -271,24 +271,18 @@ class Session:
     async def _stream(self, run: ResponseRun, opening: dict[str, Any], *, warm_up: bool, previous: str | None) -> None:
         """The turn's events as frames, as the SSE door sends them (ResponseRun's contract)."""
         seq = EventSequencer()
-        try:
-            await self._send(seq.stamp({"type": "response.created", "response": opening}))
-            await self._send(seq.stamp({"type": "response.in_progress", "response": opening}))
-            try:
-                async for event in run.events():
-                    if not warm_up:
-                        await self._send(seq.stamp(event))
-            except GenerationFailed:
-                pass
-            if warm_up:
-                as_warm_up(run.response)
-            await run.finish()  # before the terminal event leaves
-            response = run.response
+        response = run.response
+
+        def keep_or_forget() -> None:  # the connection's state, before the client sees the end
             if response.status in ("completed", "incomplete"):
                 self.state.remember(response.id, run.generation.body["input"], response.data["output"])
             elif previous is not None:
                 self.state.forget(previous)
-            await self._send(seq.stamp(terminal_event(response)))
+
+        try:
+            warming = (lambda: as_warm_up(response)) if warm_up else None
+            async for event in response_stream(run, opening, quiet=warm_up, finishing=warming, finished=keep_or_forget):
+                await self._send(seq.stamp(event))
             log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": warm_up, "previous_response_id": previous})
         finally:
             await run.finish(client_gone=True)  # a no-op when the run finished above
