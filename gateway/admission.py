@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Protocol
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 
 from kiln.protocol.usage import Usage
 
@@ -60,30 +60,40 @@ class OpenTicket:
         return None
 
 
-async def admit(request: Request, body: Mapping[str, Any], *, reserve: bool = True) -> Ticket:
+async def admit(request: HTTPConnection, body: Mapping[str, Any], *, reserve: bool = True, turn: bool = False) -> Ticket:
     """Admit one request of an authenticated caller; raises the contract's ApiError.
 
     ``reserve`` is False for work that is checked (key scope, credits, concurrency) but not billed,
-    such as counting input tokens."""
+    such as counting input tokens. ``turn``: one turn of a WebSocket connection, admitted as an
+    HTTP request of its own would be: it takes the organization's concurrency slot here (the
+    middleware takes an HTTP request's) and gets a generation id of its own; the slot is freed
+    when the turn settles, not held while the socket idles."""
     accounts = request.app.state.accounts
     loader = request.app.state.loader
     if accounts is None:
         await loader.ensure(body.get("model"))
         return OpenTicket()
     from .accounts.admission import admit as hosted_admit
+    from .accounts.metering import new_generation_id
 
+    principal = request.scope[PRINCIPAL_SCOPE_KEY]
+    slot = None
     try:
+        if turn:
+            slot = await accounts.limiter.acquire(principal.org_id, principal.concurrency_limit)
         return await hosted_admit(
             accounts,
-            principal=request.scope[PRINCIPAL_SCOPE_KEY],
-            generation_id=request.scope.get(GENERATION_SCOPE_KEY) or "",
+            principal=principal,
+            generation_id=new_generation_id() if turn else request.scope.get(GENERATION_SCOPE_KEY) or "",
             body=body,
             pool=request.app.state.pool,
             reserve=reserve,
-            slot=request.scope.get(SLOT_SCOPE_KEY),
+            slot=slot if turn else request.scope.get(SLOT_SCOPE_KEY),
             loader=loader,
         )
-    except ApiError:
+    except BaseException as exc:
+        if slot is not None:
+            await slot.release()
+        if isinstance(exc, Exception) and not isinstance(exc, ApiError):  # the accounts database or Redis is down
+            raise accounts_unavailable(exc) from None
         raise
-    except Exception as exc:  # the accounts database or Redis is down
-        raise accounts_unavailable(exc) from None

@@ -113,13 +113,13 @@ def expand_items(items: list[dict]) -> list[dict]:
     return out
 
 
-async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None) -> Compaction:
+async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None) -> Compaction:
     """Have a worker compact ``body["input"]`` (stored form; expanded here before sending)."""
     stored = body["input"]
     wire = {**body, "input": expand_items(stored)}
     request = worker_request(wire)
     try:
-        worker = pool.pick(model, routing_key(body))
+        worker = pool.pick(model, routing_key(body, session))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
     req_id = uuid.uuid4().hex

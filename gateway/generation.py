@@ -13,6 +13,7 @@ from kiln.protocol import Done, Event, Failed, Generate
 from kiln.protocol.request import GenerateRequest
 from kiln.protocol.usage import Usage
 
+from .door_options import NO_OPTIONS, DoorOptions
 from .errors import ApiError
 from .response_object import ResponseObject
 from .worker_request import worker_request
@@ -55,28 +56,48 @@ class Generation:
     all consume the same sequence.
     """
 
-    def __init__(self, pool: WorkerPool, response: ResponseObject, body: dict[str, Any], model: str) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        response: ResponseObject,
+        body: dict[str, Any],
+        model: str,
+        *,
+        options: DoorOptions = NO_OPTIONS,
+        owner: Any = None,
+        wire_input: list[dict[str, Any]] | None = None,
+        compact_threshold: int | None = None,
+        first_event_timeout_s: float | None = None,
+        event_timeout_s: float | None = None,
+        item_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.pool = pool
         self.response = response
         self.body = body
         self.model = model
+        # What the door decided (raw prompt, session, warm-up): never from the client's body.
+        self.options = options
+        # Who may see this response (the organization in hosted mode; None when auth is off).
+        self.owner = owner
+        # What the worker renders: ``body["input"]`` with compaction items expanded.
+        self.wire_input: list[dict[str, Any]] = body.get("input") or [] if wire_input is None else wire_input
+        # context_management's compaction threshold, when the request set one.
+        self.compact_threshold = compact_threshold
+        # How long the worker may take to send its first message, and then each next one, before
+        # the response fails (a hung worker must never hold a client or its slots forever).
+        self.first_event_timeout_s = first_event_timeout_s
+        self.event_timeout_s = event_timeout_s
+        # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
+        self.item_hook = item_hook
         self.channel: Channel | None = None
         # What the worker is sent, built by open() from the body as it then stands.
         self.request: GenerateRequest | None = None
         self.cancelled = False
-        # Who may see this response (the organization in hosted mode; None when auth is off).
-        self.owner: Any = None
-        # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
-        self.item_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-        # What the worker renders: ``body["input"]`` with compaction items expanded.
-        self.wire_input: list[dict[str, Any]] = body.get("input") or []
         # Events the gateway produced before generation (compaction), and how many output
         # items they hold: the worker's output indices are shifted past them.
         self.prefix_events: list[dict[str, Any]] = []
         self.index_offset = 0
-        # context_management's compaction threshold, when the request set one.
-        self.compact_threshold: int | None = None
-        # Feeds TTFT / inter-token histograms when metrics are on.
+        # Feeds TTFT / inter-token histograms when metrics are on (set when the run starts).
         self.timer: Any = None
         # True when the response is complete without a generation (a compaction_trigger turn).
         self.done_without_worker = False
@@ -84,10 +105,6 @@ class Generation:
         # usage of compaction the gateway ran for this response (billed with it).
         self.delivered_usage: Usage | None = None
         self.compaction_usage: Usage | None = None
-        # How long the worker may take to send its first message, and then each next one, before
-        # the response fails (a hung worker must never hold a client or its slots forever).
-        self.first_event_timeout_s: float | None = None
-        self.event_timeout_s: float | None = None
         # Workers that refused this request as full (their view of capacity is current, ours lags
         # a heartbeat behind when other gateway replicas share them): it is not sent there again.
         self.refused_by: set[bytes] = set()
@@ -96,9 +113,9 @@ class Generation:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
         if self.done_without_worker:
             return
-        request = worker_request(self.body, self.wire_input)  # a bad value: 400 before anything is sent
+        request = worker_request(self.body, self.wire_input, self.options)  # a bad value: 400 before anything is sent
         request = dataclasses.replace(request, cache_scope=cache_scope(self.owner))
-        cache_key = routing_key(self.body)
+        cache_key = routing_key(self.body, self.options.session)
         try:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
@@ -181,7 +198,7 @@ class Generation:
         self.refused_by.add(self.channel.worker.identity)
         self.pool.close(self.channel, cancel=False)
         try:
-            worker = self.pool.pick(self.model, routing_key(self.body), exclude=self.refused_by)
+            worker = self.pool.pick(self.model, routing_key(self.body, self.options.session), exclude=self.refused_by)
         except NoWorker:
             return False
         if worker.overloaded():
@@ -246,13 +263,13 @@ async def reply(channel: Channel, timeout_s: float | None) -> Any:
         raise ApiError(504, "The model backend did not answer in time.", code="server_error") from None
 
 
-async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None = None) -> int:
+async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None = None, options: DoorOptions = NO_OPTIONS) -> int:
     """Ask a worker how many tokens ``body`` renders to."""
     from kiln.protocol import CountTokens, TokenCount
 
-    request = worker_request(body)
+    request = worker_request(body, options=options)
     try:
-        worker = pool.pick(model, routing_key(body))
+        worker = pool.pick(model, routing_key(body, options.session))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
     req_id = uuid.uuid4().hex

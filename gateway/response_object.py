@@ -9,7 +9,7 @@ from typing import Any
 from kiln.protocol.usage import Usage
 
 # Fields echoed from the request into every Response object, with their defaults.
-_ECHOED = {
+_ECHOED: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "instructions": None,
     "max_output_tokens": None,
@@ -91,11 +91,11 @@ class ResponseObject:
 
     @property
     def id(self) -> str:
-        return self.data["id"]
+        return str(self.data["id"])
 
     @property
     def status(self) -> str:
-        return self.data["status"]
+        return str(self.data["status"])
 
     def snapshot(self) -> dict[str, Any]:
         """A copy safe to serialize while generation goes on."""

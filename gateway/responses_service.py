@@ -19,6 +19,7 @@ from typing import Any
 from kiln.protocol.usage import Usage
 
 from . import compaction, truncation
+from .door_options import NO_OPTIONS, DoorOptions
 from .errors import ApiError, invalid
 from .generation import Generation, GenerationFailed, complete_usage, count_tokens, terminal_event
 from .history import TERMINAL, check_call_outputs, conversation_id, conversation_key, expand
@@ -57,7 +58,7 @@ def _with_ids(items: list[dict]) -> list[dict]:
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item = {**item, "content": [{"type": part, "text": item["content"]}]}
         if not item.get("id"):
-            item = {**item, "id": f"{_ID_PREFIX.get(item.get('type'), 'item')}_{uuid.uuid4().hex}"}
+            item = {**item, "id": f"{_ID_PREFIX.get(str(item.get('type')), 'item')}_{uuid.uuid4().hex}"}
         out.append(item)
     return out
 
@@ -105,14 +106,18 @@ class ResponsesService:
         return stats
 
     # -- create ----------------------------------------------------------------------------------
-    async def prepare(self, body: dict, owner: Any = None, *, history: list[dict] | None = None) -> tuple[Generation, list[dict]]:
+    async def prepare(self, body: dict, owner: Any = None, *, history: list[dict] | None = None, options: DoorOptions = NO_OPTIONS) -> tuple[Generation, list[dict]]:
         """Resolve the model and history; everything that can refuse the request happens here.
 
+        ``body``: client fields only (``validate_create``); ``options``: what the door decided.
         ``history``: what ``previous_response_id`` names, already resolved by the door (a
         WebSocket connection's own state); None resolves it from the stores."""
         model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         body["model"] = model
-        check_for_model(body, self.pool.context_window(model))
+        window = self.pool.context_window(model)
+        if options.cap_to_window and window and (body.get("max_output_tokens") or 0) > window:
+            body["max_output_tokens"] = window
+        check_for_model(body, window)
         check_sampling(body)
         if body["background"]:
             self._check_background_allowed()
@@ -122,18 +127,32 @@ class ResponsesService:
         body["input"] = await self.reasoning_echo.restore(history + own_input, owner)
         if not body["input"]:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
-        threshold = compaction.compaction_settings(body)
-        response = ResponseObject(new_response_id(), body, model, echo_background=self.settings.echo_background)
-        generation = Generation(self.pool, response, body, model)
-        generation.owner = owner
-        generation.wire_input = compaction.expand_items(body["input"])
+        generation = Generation(
+            self.pool,
+            ResponseObject(new_response_id(), body, model, echo_background=self.settings.echo_background),
+            body,
+            model,
+            options=options,
+            owner=owner,
+            wire_input=compaction.expand_items(body["input"]),
+            compact_threshold=compaction.compaction_settings(body),
+            first_event_timeout_s=self.settings.first_event_timeout_s,
+            event_timeout_s=self.settings.event_timeout_s,
+            item_hook=self.seal_reasoning if "reasoning.encrypted_content" in (body.get("include") or []) else None,
+        )
         check_call_outputs(generation.wire_input)
-        generation.compact_threshold = threshold
-        generation.first_event_timeout_s = self.settings.first_event_timeout_s
-        generation.event_timeout_s = self.settings.event_timeout_s
-        if "reasoning.encrypted_content" in (body.get("include") or []):
-            generation.item_hook = self.seal_reasoning
         return generation, own_input
+
+    async def count_input_tokens(self, body: dict, owner: Any = None, options: DoorOptions = NO_OPTIONS) -> int:
+        """The prompt's length in tokens, rendered as a create with the same body would be
+        (history, item references, sealed reasoning, the reasoning echo, compaction items): the
+        one counter behind ``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens``."""
+        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
+        body = {**body, "model": model}
+        history = await expand(body, store=self.store, jobs=self.jobs, conversations=self.conversations, store_mode=self.settings.store_mode, owner=owner)
+        own = self.unseal_items(await self.resolve_references(body["input"], owner))
+        items = compaction.expand_items(await self.reasoning_echo.restore(history + own, owner))
+        return await count_tokens(self.pool, {**body, "input": items}, model, self.settings.first_event_timeout_s, options)
 
     # -- item references -------------------------------------------------------------------------
     async def resolve_references(self, items: list[dict], owner: Any = None) -> list[dict]:
@@ -182,22 +201,22 @@ class ResponsesService:
         window = self.pool.context_window(model) or 0
         items = body["input"]
         if items and items[-1].get("type") == "compaction_trigger":
-            result = await compaction.compact(self.pool, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+            result = await compaction.compact(self.pool, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s, session=generation.options.session)
             generation.add_prefix_item(result.item)
             generation.done_without_worker = True
             generation.response.finish("completed", complete_usage(result.usage))
             return
         if body.get("truncation") == "auto":  # accepted only with --truncation-auto
-            count = truncation.worker_count(self.pool, body, model, self.settings.first_event_timeout_s)
+            count = truncation.worker_count(self.pool, body, model, self.settings.first_event_timeout_s, generation.options)
             generation.wire_input = await truncation.fit(generation.wire_input, count, window)
         threshold = generation.compact_threshold
         if threshold is None:
             return
-        counted = await count_tokens(self.pool, {**body, "input": generation.wire_input}, model, self.settings.first_event_timeout_s)
+        counted = await count_tokens(self.pool, {**body, "input": generation.wire_input}, model, self.settings.first_event_timeout_s, generation.options)
         if counted < threshold and counted < window - 1:
             return
         rid = generation.response.id
-        result = await compaction.compact(self.pool, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s)
+        result = await compaction.compact(self.pool, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s, session=generation.options.session)
         if not result.summarized:  # asked for to make room, it made none
             raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
         generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
@@ -207,12 +226,13 @@ class ResponsesService:
         generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
         generation.add_prefix_item(result.item)
 
-    async def compact_endpoint(self, body: dict, owner: Any = None) -> dict:
+    async def compact_endpoint(self, body: dict, keep_tokens: Any = None, owner: Any = None) -> dict:
         """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
-        is stored; ``item_reference`` items are resolved as on create."""
+        is stored; ``item_reference`` items are resolved as on create. ``keep_tokens``: the
+        endpoint's own field, as the client sent it (None: the model's default)."""
         model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
         window = self.pool.context_window(model) or 0
-        keep = body.get("keep_tokens", compaction.default_keep_tokens(window))
+        keep = compaction.default_keep_tokens(window) if keep_tokens is None else keep_tokens
         if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
@@ -362,7 +382,7 @@ class ResponsesService:
         job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
         await self.jobs.admit(job)  # 429 past the deployment's job or byte limits (before 503)
         try:
-            worker = self.pool.pick(generation.model, routing_key(generation.body))
+            worker = self.pool.pick(generation.model, routing_key(generation.body, generation.options.session))
         except NoWorker:
             await self.jobs.withdraw(job)
             raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded")

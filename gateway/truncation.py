@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .door_options import NO_OPTIONS, DoorOptions
 from .errors import ApiError
 from .generation import count_tokens
 from .workers import WorkerPool
@@ -22,13 +23,13 @@ from .workers import WorkerPool
 Count = Callable[[list[dict[str, Any]]], Awaitable[int]]
 
 
-def worker_count(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None) -> Count:
+def worker_count(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None, options: DoorOptions = NO_OPTIONS) -> Count:
     """Count ``body`` with other input on a worker; an input the worker refuses as longer than
     the window counts as too long (it answers that before tokenizing a provably long one)."""
 
     async def count(items: list[dict[str, Any]]) -> int:
         try:
-            return await count_tokens(pool, {**body, "input": items}, model, timeout_s)
+            return await count_tokens(pool, {**body, "input": items}, model, timeout_s, options)
         except ApiError as exc:
             if exc.status == 400 and exc.code == "context_length_exceeded":
                 return sys.maxsize

@@ -3,6 +3,11 @@
 Everything a request can be refused for without a model is refused here, before anything reaches
 a worker, with the OpenAI error shape and the parameter that is wrong. The result is a normalized
 copy of the body: ``input`` is always a list of items and ``stream`` a boolean.
+
+The copy holds the fields the API defines (``CLIENT_FIELDS``) and nothing else: any other key is
+ignored, as OpenAI's SDKs let clients send extra fields freely (``extra_body``), and that is also
+what keeps a client away from what a door decides for itself (``door_options.DoorOptions``: a raw
+prompt, a session key), which never travels in the body.
 """
 
 from __future__ import annotations
@@ -56,6 +61,20 @@ INCLUDE_UNSUPPORTED = {
     "web_search_call.action.sources": "hosted tools are not available on this server",
     "code_interpreter_call.outputs": "hosted tools are not available on this server",
 }
+# The create request's fields: those of OpenAI's ``CreateResponse`` schema
+# (shared/conformance/openai-responses.schema.json) and Kiln's sampling extensions (``seed``, the
+# penalties). Only these are kept from a client's body.
+CLIENT_FIELDS = frozenset(
+    {
+        "background", "context_management", "conversation", "include", "input", "instructions",
+        "max_output_tokens", "max_tool_calls", "metadata", "model", "moderation",
+        "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key",
+        "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
+        "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
+        "tools", "top_logprobs", "top_p", "truncation", "user",
+        "seed", "presence_penalty", "frequency_penalty",
+    }
+)  # fmt: skip
 SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority"})
 CONTENT_PART_TYPES = frozenset({"input_text", "output_text", "refusal", "text", "summary_text"})
 
@@ -91,7 +110,7 @@ def _number_in(body: dict, key: str, low: float, high: float) -> None:
 
 def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | None:
     """An optional integer field (never a boolean or a float) within ``low``..``high``."""
-    value = _expect(body, key, (int,), "an integer")
+    value: int | None = _expect(body, key, (int,), "an integer")
     if value is None:
         return None
     if value < low:
@@ -111,14 +130,14 @@ def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | No
 
 def check_metadata(metadata: Any) -> dict | None:
     """OpenAI's metadata: up to 16 string values, keys up to 64 and values up to 512 characters."""
-    metadata = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
-    if metadata is not None:
-        if len(metadata) > 16:
+    checked: dict | None = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
+    if checked is not None:
+        if len(checked) > 16:
             raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
-        for key, value in metadata.items():
+        for key, value in checked.items():
             if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
                 raise invalid("Invalid 'metadata': keys up to 64 characters and string values up to 512.", param="metadata")
-    return metadata
+    return checked
 
 
 def _check_include(body: dict) -> None:
@@ -272,7 +291,7 @@ def _check_function(tool: dict, param: str) -> None:
 
 
 def function_names(tools: list[dict]) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for tool in tools:
         if tool.get("type") == "namespace":
             names.update(fn["name"] for fn in tool["tools"])
@@ -313,11 +332,12 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
 
 
 def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto: bool = False) -> dict:
-    """Check a create body and return its normalized copy; raise ApiError on the first fault.
-    ``truncation_auto``: the gateway accepts ``truncation: "auto"`` (--truncation-auto)."""
+    """Check a create body and return its normalized copy of the client fields (any other key is
+    dropped); raise ApiError on the first fault. ``truncation_auto``: the gateway accepts
+    ``truncation: "auto"`` (--truncation-auto)."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
-    out = dict(body)
+    out = {key: value for key, value in body.items() if key in CLIENT_FIELDS}
     model = body.get("model")
     if model is None:
         raise invalid("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")

@@ -34,14 +34,16 @@ from kiln.protocol.request import (
     ToolSpec,
 )
 
+from .door_options import NO_OPTIONS, DoorOptions
 from .errors import ApiError, invalid
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 SAMPLING_FIELDS = ("temperature", "top_p", "top_logprobs", "seed", "max_output_tokens", "presence_penalty", "frequency_penalty")
 
 
-def worker_request(body: Mapping[str, Any], items: Sequence[Mapping[str, Any]] | None = None) -> GenerateRequest:
-    """The request for ``body``; ``items`` replaces ``body["input"]`` (the expanded form).
+def worker_request(body: Mapping[str, Any], items: Sequence[Mapping[str, Any]] | None = None, options: DoorOptions = NO_OPTIONS) -> GenerateRequest:
+    """The request for ``body`` (client fields) and ``options`` (the door's decisions); ``items``
+    replaces ``body["input"]`` (the expanded form).
 
     Raises ApiError(400) naming the parameter for a value the worker could not honour."""
     try:
@@ -54,9 +56,9 @@ def worker_request(body: Mapping[str, Any], items: Sequence[Mapping[str, Any]] |
             parallel_tool_calls=body.get("parallel_tool_calls") is not False,
             max_tool_calls=body.get("max_tool_calls"),
             text_format=text_format(body.get("text")),
-            sampling=sampling(body),
+            sampling=sampling(body, warm_up=options.warm_up),
             cache_key=body.get("prompt_cache_key"),
-            raw_prompt=body.get("raw_prompt"),
+            raw_prompt=options.raw_prompt,
         )
     except InvalidParam as exc:
         raise refusal(exc) from None
@@ -83,10 +85,12 @@ def _model(body: Mapping[str, Any]) -> str:
     return model
 
 
-def sampling(body: Mapping[str, Any]) -> Sampling:
+def sampling(body: Mapping[str, Any], *, warm_up: bool = False) -> Sampling:
     """The body's sampling settings; unset fields take the protocol's defaults (the worker's
-    default ``max_output_tokens``)."""
+    default ``max_output_tokens``). A warm-up asks for one token: the prefill is what it is for."""
     given = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+    if warm_up:
+        given["max_output_tokens"] = 1
     include = body.get("include") or []
     logprobs = bool(given.get("top_logprobs")) or (isinstance(include, list) and LOGPROBS_INCLUDE in include)
     return Sampling(**given, logprobs=logprobs)
@@ -110,7 +114,7 @@ def _function(tool: Mapping[str, Any], param: str, namespace: Any) -> ToolSpec:
     if not isinstance(description, str):
         raise InvalidParam(f"{param}.description", f"Invalid type for '{param}.description': expected a string.")
     return ToolSpec(
-        name=tool.get("name"),  # checked by ToolSpec
+        name=tool.get("name"),  # type: ignore[arg-type]  # any value: ToolSpec refuses a non-string name
         parameters=tool.get("parameters") or dict(EMPTY_PARAMETERS),
         description=description,
         namespace=namespace,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,15 +254,14 @@ class Channel:
         return await self.queue.get()
 
 
-# Where the route keeps a session header's value for requests without a prompt_cache_key.
-SESSION_FIELD = "kiln_session"
+# Headers that name a client's session, for requests without a prompt_cache_key.
 SESSION_HEADERS = ("session-id", "session_id", "x-session-id")
 
 
-def routing_key(body: dict[str, Any]) -> str | None:
-    """What keeps a conversation on one worker: ``prompt_cache_key``, else a session header
-    (Codex sends ``session-id`` on every turn of a session)."""
-    return body.get("prompt_cache_key") or body.get(SESSION_FIELD)
+def routing_key(body: Mapping[str, Any], session: str | None = None) -> str | None:
+    """What keeps a conversation on one worker: ``prompt_cache_key``, else the door's session
+    (a session header: Codex sends ``session-id`` on every turn; a WebSocket connection)."""
+    return body.get("prompt_cache_key") or session
 
 
 class NoWorker(Exception):

@@ -8,16 +8,102 @@ fault injection and protocol tests.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
+import inspect
 import os
+import re
+import subprocess
 import sys
 import threading
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import settings as hypothesis_settings
 
 from .support import Kiln
+
+# Test tiers, each a marker set here from what a test uses (its fixtures, its body and the test
+# helpers they call), never by hand: `./dev test --fast` runs the first two.
+#   unit       none of the below: plain functions and objects
+#   inprocess  the gateway app in this process (create_app, TestClient, the fake worker pool)
+#   processes  real processes (Kiln on the scripted engine, HAProxy, Redis, a subprocess)
+#   real_model the bundled model: in real processes (also marked e2e) or loaded here
+TIERS = ("unit", "inprocess", "processes", "real_model")
+_REAL_MODEL_FIXTURES = {"kiln", "http", "openai_client", "gguf_path", "gguf_tokenizer", "gguf_model", "mlx_folder"}
+_PROCESS_FIXTURES = {"scripted_kiln", "scripted_http"}
+# (cpu_kernels: the worker's native kernels are built by a C compiler on first use.)
+_STARTS_PROCESSES = re.compile(r"\b(Kiln|Proc|Cluster|RedisServer)\(|shared_redis_url|subprocess|Popen|create_subprocess|haproxy\(|cpu_kernels|compiler")
+_LOADS_THE_MODEL = re.compile(r"\bload_model\(|bundled_model_path|BUNDLED_MODEL")
+_RUNS_THE_APP = re.compile(r"\b(create_app|TestClient|local_app|hosted_app|FakePool|ASGITransport|client_for)\b")
+
+
+@functools.lru_cache(maxsize=None)
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _reachable_source(roots: list[Any], depth: int = 4) -> str:
+    """The source of ``roots`` and of the test-package functions and classes they name (helpers
+    such as ``start_gateway`` that start what the test runs), to ``depth`` calls."""
+    seen: set[int] = set()
+    texts: list[str] = []
+    frontier = [r for r in roots if r is not None]
+    for _ in range(depth):
+        found: list[Any] = []
+        for obj in frontier:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            text = _source(obj)
+            texts.append(text)
+            names = sys.modules.get(getattr(obj, "__module__", ""), None)
+            for name in set(re.findall(r"\b([A-Za-z_]\w*)\b", text)):
+                target = getattr(names, name, None)
+                if (inspect.isfunction(target) or inspect.isclass(target)) and str(getattr(target, "__module__", "")).startswith("tests."):
+                    found.append(target)
+        frontier = found
+    return "\n".join(texts)
+
+
+def tier_of(item: pytest.Item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if names & _REAL_MODEL_FIXTURES:
+        return "real_model"
+    info = getattr(item, "_fixtureinfo", None)
+    # The project's own fixtures (pytest's are not ours to read; this file's are known by name).
+    fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs if str(getattr(d.func, "__module__", "")).startswith("tests.") and d.func.__module__ != __name__]
+    text = _reachable_source([getattr(item, "function", None), *fixtures])
+    if _LOADS_THE_MODEL.search(text):
+        return "real_model"
+    if names & _PROCESS_FIXTURES or _STARTS_PROCESSES.search(text):
+        return "processes" if "scripted" in text or "Kiln(" not in text else "real_model"
+    return "inprocess" if _RUNS_THE_APP.search(text) else "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        item.add_marker(tier)
+        if tier == "real_model":
+            item.add_marker("e2e")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tiers_start_no_process(request, monkeypatch):
+    """A test of the fast tiers that starts a process anyway fails saying so: its tier was read
+    wrongly (name what starts it in ``_STARTS_PROCESSES``)."""
+    if request.node.get_closest_marker("unit") or request.node.get_closest_marker("inprocess"):
+        def refuse(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+            raise AssertionError(f"{request.node.nodeid} is in a fast tier but starts a process ({args!r}): add what starts it to tests/conftest.py's _STARTS_PROCESSES")
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield
+
 
 # CI draws the same examples on every run (a property that fails there fails every time, and a
 # run never fails on a draw it cannot reproduce); a developer's run explores new ones.

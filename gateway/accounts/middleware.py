@@ -21,6 +21,7 @@ import json
 import logging
 
 import anyio
+from collections.abc import MutableMapping
 from typing import Any, Awaitable, Callable
 
 from kiln.gateway.errors import ApiError
@@ -77,7 +78,7 @@ async def check_maintenance(accounts: Accounts) -> None:
         raise maintenance_error(retry_after)
 
 
-async def socket_principal(accounts: Accounts, scope: Scope) -> Any:
+async def socket_principal(accounts: Accounts, scope: MutableMapping[str, Any]) -> Any:
     """What a WebSocket's upgrade checks, and each of its turns again (a socket lives an hour;
     a key revoked or a maintenance switched on meanwhile must stop it): maintenance, then the key
     of the upgrade's headers, looked up afresh (the auth cache's TTL bounds the delay). Raises the
@@ -183,7 +184,7 @@ class AccountsMiddleware:
         await self.app(scope, receive, send)
 
     @staticmethod
-    def _authorization(scope: Scope) -> str | None:
+    def _authorization(scope: MutableMapping[str, Any]) -> str | None:
         for key, value in scope.get("headers", []):
             if key == b"authorization":
                 return value.decode("latin-1")

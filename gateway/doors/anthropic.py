@@ -10,8 +10,8 @@ Two halves, both free of HTTP so they can be tested alone:
   Message object, so a streamed and a non-streamed answer can never disagree.
 
 Stop sequences are applied here, on the text as it streams, because the worker has no stop
-strings of its own: text up to the match is delivered, the rest withheld, and the door stops the
-generation.
+strings of its own (``doors/stop.py``'s cutter, the Chat door's too): text up to the match is
+delivered, the rest withheld, and the door stops the generation.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import invalid
+from .stop import StopCutter
 
 # Anthropic's error ``type`` for each HTTP status Kiln answers with.
 _ERROR_TYPES = {
@@ -227,7 +228,7 @@ def _thinking_shown(raw: Any) -> bool:
         budget = raw.get("budget_tokens")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise invalid("thinking.budget_tokens: expected a positive integer.", param="thinking.budget_tokens")
-    return raw["type"] != "disabled"
+    return bool(raw["type"] != "disabled")
 
 
 @dataclass
@@ -320,40 +321,6 @@ def anthropic_usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-class StopMatcher:
-    """Finds the first stop sequence in text that arrives in pieces.
-
-    ``feed`` returns the text safe to deliver now: everything except a tail that could still be
-    the start of a stop sequence, which is held until the next piece decides it."""
-
-    def __init__(self, sequences: list[str]) -> None:
-        self.sequences = sequences
-        self.held = ""
-        self.matched: str | None = None
-
-    def feed(self, text: str) -> str:
-        if not self.sequences or self.matched is not None:
-            return "" if self.matched is not None else text
-        buf = self.held + text
-        hits = [(buf.find(s), s) for s in self.sequences if s in buf]
-        if hits:
-            at, seq = min(hits)
-            self.matched, self.held = seq, ""
-            return buf[:at]
-        keep = 0
-        for s in self.sequences:
-            for n in range(min(len(s) - 1, len(buf)), 0, -1):
-                if buf.endswith(s[:n]):
-                    keep = max(keep, n)
-                    break
-        self.held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
-
-    def flush(self) -> str:
-        held, self.held = self.held, ""
-        return held
-
-
 @dataclass
 class _Block:
     index: int
@@ -375,7 +342,7 @@ class MessageTranslator:
         self.id = new_message_id()
         self.model = model
         self.show_thinking = show_thinking
-        self.stopper = StopMatcher(stop_sequences or [])
+        self.stopper = StopCutter(stop_sequences or [])
         self._seal = seal or (lambda text: "")
         self.blocks: list[_Block] = []
         self._current: _Block | None = None

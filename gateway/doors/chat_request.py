@@ -29,6 +29,8 @@ class ChatRequest:
     include_usage: bool = False
     logprobs: bool = False
     stop: list[str] = field(default_factory=list)
+    # The legacy Completions door's prompt, continued as raw text (no chat template).
+    raw_prompt: str | None = None
 
 
 def _text_of(content: Any, param: str, *, allow_refusal: bool = False) -> str:
@@ -136,7 +138,7 @@ def _fn_name(value: Any, param: str) -> str:
     fn = value.get("function") if isinstance(value, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise invalid(f"Invalid '{param}': expected {{'type': 'function', 'function': {{'name': ...}}}}.", param=param)
-    return fn["name"]
+    return str(fn["name"])
 
 
 def _tool_choice(choice: Any) -> Any:

@@ -1,7 +1,7 @@
 """Legacy Completions (``POST /v1/completions``): a plain ``prompt`` continued as raw text.
 
-The request becomes a Responses create body like a chat request does, with ``raw_prompt`` set so
-the worker skips the chat template (a legacy client sends the exact text to continue). The events
+The request becomes a Responses create body like a chat request does, with ``raw_prompt`` beside
+it (the door's option, never a body field) so the worker skips the chat template (a legacy client sends the exact text to continue). The events
 are read by the Chat door's translator (text, stop sequences, logprobs) and framed as
 ``text_completion`` objects instead of chat chunks.
 """
@@ -43,7 +43,7 @@ def translate_completion(raw: dict) -> ChatRequest:
         raise invalid("'suffix' is not supported.", param="suffix")
     prompt = _prompt(raw.get("prompt"))
     body: dict[str, Any] = {k: raw[k] for k in PASSED if raw.get(k) is not None}
-    body.update(input=[{"type": "message", "role": "user", "content": prompt}], raw_prompt=prompt, store=False)
+    body.update(input=[{"type": "message", "role": "user", "content": prompt}], store=False)
     body["max_output_tokens"] = _max_tokens(raw) or DEFAULT_MAX_TOKENS
     logprobs = raw.get("logprobs")
     if logprobs is not None:
@@ -56,7 +56,7 @@ def translate_completion(raw: dict) -> ChatRequest:
     if options is not None and not isinstance(options, dict):
         raise invalid("Invalid type for 'stream_options': expected an object.", param="stream_options")
     include_usage = bool(options and parse_bool(options.get("include_usage"), "stream_options.include_usage"))
-    return ChatRequest(body=body, stream=stream, include_usage=include_usage, logprobs=logprobs is not None, stop=_stop(raw.get("stop")))
+    return ChatRequest(body=body, stream=stream, include_usage=include_usage, logprobs=logprobs is not None, stop=_stop(raw.get("stop")), raw_prompt=prompt)
 
 
 def _legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:

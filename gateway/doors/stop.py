@@ -10,34 +10,38 @@ from __future__ import annotations
 
 
 class StopCutter:
-    """Incremental search for the first of ``stops`` in a stream of text pieces."""
+    """Incremental search for the first of ``stops`` in a stream of text pieces; one cutter for
+    every door that offers stop sequences (Chat and legacy Completions ``stop``, Anthropic
+    ``stop_sequences``)."""
 
     def __init__(self, stops: list[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self.stops = [s for s in stops if s]  # an empty sequence would match at once
         self._pending = ""
-        self.hit = False
+        # The stop sequence found (Anthropic reports which one), None until then.
+        self.matched: str | None = None
+
+    @property
+    def hit(self) -> bool:
+        return self.matched is not None
 
     def feed(self, text: str) -> str:
-        """The part of the text so far that can be released; "" once a stop sequence was seen."""
-        if self.hit:
+        """The text safe to deliver now: everything except a tail that could still be the start
+        of a stop sequence, held until the next piece decides it; "" once one was seen."""
+        if self.matched is not None:
             return ""
         if not self.stops:
             return text
-        self._pending += text
-        cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.hit = True
-            out, self._pending = self._pending[:cut], ""
-            return out
-        keep = self._hold
-        if keep <= 0:
-            out, self._pending = self._pending, ""
-            return out
-        out, self._pending = self._pending[:-keep], self._pending[-keep:]
-        return out
+        buf = self._pending + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            at, self.matched = min(hits)
+            self._pending = ""
+            return buf[:at]
+        keep = max((n for s in self.stops for n in range(min(len(s) - 1, len(buf)), 0, -1) if buf.endswith(s[:n])), default=0)
+        self._pending = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
 
     def flush(self) -> str:
         """What was held back, at the end of the text (no stop sequence completed)."""
-        out, self._pending = ("" if self.hit else self._pending), ""
+        out, self._pending = self._pending, ""
         return out

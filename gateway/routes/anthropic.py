@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..admission import admit
-from ..compaction import expand_items
 from ..doors.anthropic import (
     MessagesRequest,
     MessageTranslator,
@@ -25,10 +24,8 @@ from ..doors.anthropic import (
 )
 from ..errors import ApiError
 from ..generation import GenerationFailed, complete_usage
-from ..generation import count_tokens as worker_count_tokens
-from ..history import expand
 from ..lifecycle import ResponseRun
-from .door import ClientDisconnected, DisconnectWatch, drain_run, read_body, start_run, stream_run, validated, while_connected
+from .door import ClientDisconnected, DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated, while_connected
 from .door import owner as _owner
 from .door import service as _service
 
@@ -44,16 +41,8 @@ def _frame(event: dict[str, Any]) -> bytes:
 
 def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
     """The usage the client is told, which is the usage billed."""
-    return run.response.data.get("usage")
-
-
-def _cap_max_tokens(service: Any, body: dict[str, Any]) -> None:
-    """``max_tokens`` is required here and clients pick it for Claude models, not this one (Claude
-    Code asks for 32000): above the model's context window it is capped to the window, where
-    /v1/responses would refuse it. The worker then caps it to the room the prompt leaves."""
-    window = service.pool.context_window(service.pool.require(body["model"]))
-    if window and body.get("max_output_tokens", 0) > window:
-        body["max_output_tokens"] = window
+    usage: dict[str, Any] | None = run.response.data.get("usage")
+    return usage
 
 
 def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
@@ -82,8 +71,11 @@ async def _create(request: Request) -> Response:
 
     async def make_run() -> ResponseRun:
         body = validated(request, spec.body)
-        _cap_max_tokens(service, body)
-        generation, own_input = await service.prepare(body, _owner(request))
+        # ``max_tokens`` is required here and clients pick it for Claude models, not this one
+        # (Claude Code asks for 32000): above the model's context window it is capped to the
+        # window, where /v1/responses would refuse it. The worker then caps it to the room the
+        # prompt leaves.
+        generation, own_input = await service.prepare(body, _owner(request), options=options(request, cap_to_window=True))
         return ResponseRun(service, generation, own_input, ticket, streaming=spec.stream)
 
     run = await start_run(ticket, watch, make_run)
@@ -192,13 +184,9 @@ async def _count(request: Request) -> Response:
     ticket = await admit(request, spec.body, reserve=False)  # key scope, credits; not billed
     try:
         body = validated(request, spec.body)
-        model = service.pool.require(body["model"])
-        body["model"] = model
-        history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        body["input"] = expand_items(await service.reasoning_echo.restore(history + service.unseal_items(body["input"]), _owner(request)))
         watch = DisconnectWatch(request)
         try:
-            count = await while_connected(watch, worker_count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+            count = await while_connected(watch, service.count_input_tokens(body, _owner(request), options(request)))
         finally:
             await watch.stop()
         return JSONResponse({"input_tokens": count})

@@ -22,7 +22,7 @@ from ..doors.chat_request import ChatRequest, translate_chat
 from ..generation import GenerationFailed, complete_usage
 from ..lifecycle import ResponseRun
 from ..response_object import zero_usage
-from .door import DisconnectWatch, drain_run, read_body, start_run, stream_run, validated
+from .door import DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated
 from .door import owner as _owner
 from .door import service as _service
 
@@ -48,7 +48,7 @@ async def serve_door(request: Request, translate: Callable[[dict], ChatRequest],
 
     async def make_run() -> ResponseRun:
         body = validated(request, chat.body)
-        generation, own_input = await service.prepare(body, _owner(request))
+        generation, own_input = await service.prepare(body, _owner(request), options=options(request, raw_prompt=chat.raw_prompt))
         return ResponseRun(service, generation, own_input, ticket, streaming=chat.stream)
 
     run = await start_run(ticket, watch, make_run)

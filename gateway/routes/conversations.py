@@ -27,7 +27,7 @@ MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call
 
 
 def _service(request: Request) -> ResponsesService:
-    return request.app.state.responses
+    return request.app.state.responses  # type: ignore[no-any-return]
 
 
 def _owner(request: Request) -> Any:

@@ -14,17 +14,18 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
 
 from ..admission import Ticket
 from ..body import read_json
+from ..door_options import DoorOptions
 from ..errors import invalid
-from ..generation import GenerationFailed
+from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..responses_service import ResponsesService
 from ..validation import validate_create
-from ..workers import SESSION_FIELD, SESSION_HEADERS
+from ..workers import SESSION_HEADERS
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -45,22 +46,29 @@ async def read_body(request: Request) -> dict[str, Any]:
     raw = await read_json(request, request.app.state.settings.max_body_bytes)
     if not isinstance(raw, dict):
         raise invalid("The request body must be a JSON object.")
-    # Set only by the legacy /v1/completions door on the body it builds (the worker then skips
-    # the chat template); never taken from a client.
-    raw.pop("raw_prompt", None)
     return raw
 
 
-def validated(request: Request, raw: dict[str, Any]) -> dict[str, Any]:
-    """A Responses create body, validated and with the server's defaults applied."""
+def validated(request: HTTPConnection, raw: dict[str, Any]) -> dict[str, Any]:
+    """A Responses create body (client fields only), validated and with the server's defaults
+    applied."""
     settings = request.app.state.settings
     body = validate_create(raw, hosted_tools=settings.hosted_tools, truncation_auto=settings.truncation_auto)
     if body.get("temperature") is None and settings.default_temperature is not None:
         body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
-    session = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
-    if session is not None:
-        body[SESSION_FIELD] = session[:256]
     return body
+
+
+def session(request: HTTPConnection) -> str | None:
+    """The client's session header (Codex sends ``session-id`` on every turn), which keeps its
+    requests on one worker when they carry no ``prompt_cache_key``."""
+    value = next((request.headers[h] for h in SESSION_HEADERS if request.headers.get(h)), None)
+    return None if value is None else value[:256]
+
+
+def options(request: HTTPConnection, **decided: Any) -> DoorOptions:
+    """The door's options for ``request``: its session header and what the door ``decided``."""
+    return DoorOptions(session=session(request), **decided)
 
 
 class ClientDisconnected(Exception):
@@ -131,6 +139,31 @@ async def start_run(ticket: Ticket, watch: DisconnectWatch, make_run: Callable[[
         await watch.stop()
         await ticket.close()
         raise
+
+
+async def response_stream(run: ResponseRun, opening: dict[str, Any], *, quiet: bool = False, finishing: Callable[[], None] | None = None, finished: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
+    """A started run as the Responses stream, for the SSE and WebSocket doors alike (each numbers
+    and frames the events its way): ``response.created`` and ``response.in_progress`` carrying
+    ``opening``, the run's events, then the terminal event once the run is finished (billed and
+    stored before the client can see it end). A failure mid-stream ends it ``response.failed``.
+
+    ``quiet``: the run's own events are not passed on (a warm-up turn). ``finishing`` runs before
+    the run is finished, ``finished`` after, both before the terminal event. The caller's
+    ``finally`` finishes the run as cut (``run.finish(client_gone=True)``) if the client left."""
+    yield {"type": "response.created", "response": opening}
+    yield {"type": "response.in_progress", "response": opening}
+    try:
+        async for event in run.events():
+            if not quiet:
+                yield event
+    except GenerationFailed:
+        pass
+    if finishing is not None:
+        finishing()
+    await run.finish()  # before the terminal event leaves
+    if finished is not None:
+        finished()
+    yield terminal_event(run.response)
 
 
 async def stream_run(run: ResponseRun, watch: DisconnectWatch, body: AsyncIterator[bytes]) -> Response:

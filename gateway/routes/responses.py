@@ -9,15 +9,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..admission import admit
-from ..compaction import expand_items
 from ..errors import invalid
-from ..generation import GenerationFailed, count_tokens, terminal_event
-from ..history import expand
 from ..lifecycle import ResponseRun
 from ..sse import EventSequencer, frame_numbered
 from ..store.events import TooOld
 from ..validation import parse_bool, validate_create
-from .door import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, read_body, start_run, stream_run, validated, while_connected
+from .door import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, options, read_body, response_stream, start_run, stream_run, validated, while_connected
 from .door import owner as _owner
 from .pagination import item_page
 from .door import service as _service
@@ -40,7 +37,7 @@ async def create_response(request: Request) -> Response:
 
     async def make_run() -> ResponseRun | Response:
         body = validated(request, raw)
-        generation, own_input = await service.prepare(body, _owner(request))
+        generation, own_input = await service.prepare(body, _owner(request), options=options(request))
         if body["background"]:
             return JSONResponse(await service.start_background(generation, own_input))
         opening.update(generation.response.snapshot())  # as it stands before any compaction work
@@ -67,15 +64,8 @@ async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
     then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
     seq = EventSequencer(on_event=run.service.stream_recorder(run.generation))  # streamed retrieval
     try:
-        yield seq.frame({"type": "response.created", "response": opening})
-        yield seq.frame({"type": "response.in_progress", "response": opening})
-        try:
-            async for event in run.events():
-                yield seq.frame(event)
-        except GenerationFailed:
-            pass
-        await run.finish()  # before the terminal event leaves
-        yield seq.frame(terminal_event(run.response))
+        async for event in response_stream(run, opening):
+            yield seq.frame(event)
     finally:
         await run.finish(client_gone=True)  # a no-op when the run finished above
 
@@ -133,15 +123,13 @@ async def compact_response(request: Request) -> Response:
         for key in ("stream", "previous_response_id", "conversation"):
             if raw.get(key) not in (None, False):
                 raise invalid(f"'{key}' is not supported by /responses/compact; send the full history in 'input'.", param=key)
-        body = validate_create({k: v for k, v in raw.items() if k not in ("keep_tokens",)}, hosted_tools=settings.hosted_tools)
-        if "keep_tokens" in raw:
-            body["keep_tokens"] = raw["keep_tokens"]
+        body = validate_create(raw, hosted_tools=settings.hosted_tools)
         max_out = raw.get("max_output_tokens")
         if max_out is not None and (isinstance(max_out, bool) or not isinstance(max_out, int) or not 1 <= max_out <= 16384):
             raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
         watch = DisconnectWatch(request)
         try:
-            resource = await while_connected(watch, _service(request).compact_endpoint(body, _owner(request)))
+            resource = await while_connected(watch, _service(request).compact_endpoint(body, raw.get("keep_tokens"), _owner(request)))
         finally:
             await watch.stop()
         cost = await ticket.settle("completed", resource.get("usage"))
@@ -158,14 +146,9 @@ async def input_tokens(request: Request) -> Response:
     ticket = await admit(request, raw, reserve=False)  # key scope, credits, concurrency; not billed
     try:
         body = validated(request, raw)
-        model = service.pool.require(body["model"])
-        body["model"] = model
-        history = await expand(body, store=service.store, jobs=service.jobs, conversations=service.conversations, store_mode=service.settings.store_mode, owner=_owner(request))
-        own = service.unseal_items(await service.resolve_references(body["input"], _owner(request)))
-        body["input"] = expand_items(await service.reasoning_echo.restore(history + own, _owner(request)))
         watch = DisconnectWatch(request)
         try:
-            count = await while_connected(watch, count_tokens(service.pool, body, model, service.settings.first_event_timeout_s))
+            count = await while_connected(watch, service.count_input_tokens(body, _owner(request), options(request)))
         finally:
             await watch.stop()
         return JSONResponse({"object": "response.input_tokens", "input_tokens": count})

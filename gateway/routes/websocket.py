@@ -25,15 +25,16 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, accounts_unavailable, socket_principal
-from ..admission import OpenTicket, Ticket
+from ..accounts.middleware import PRINCIPAL_SCOPE_KEY, socket_principal
+from ..admission import admit
 from ..body import parse_json_bytes
+from ..door_options import DoorOptions
 from ..errors import ApiError, invalid
-from ..generation import GenerationFailed, terminal_event
 from ..lifecycle import ResponseRun
 from ..sse import EventSequencer
 from ..store.connection import ConnectionState
-from ..workers import SESSION_FIELD
+from .door import response_stream
+from .door import session as door_session
 from .door import validated as _validated
 
 log = logging.getLogger("kiln.gateway.websocket")
@@ -122,9 +123,7 @@ class Session:
         # body each would otherwise be a gigabyte queued by one client.
         self.queued_bytes = 0
         self.overfull = False
-        principal = ws.scope.get(PRINCIPAL_SCOPE_KEY)
-        self.principal = principal
-        self.owner = getattr(principal, "org_id", None)
+        self.owner = getattr(ws.scope.get(PRINCIPAL_SCOPE_KEY), "org_id", None)
         self.turns = 0
 
     async def run(self) -> None:
@@ -255,32 +254,6 @@ class Session:
         body["stream"] = True
         return body, generate
 
-    async def _admit(self, raw: dict[str, Any]) -> Ticket:
-        """An HTTP create's admission, per turn: in hosted mode the organization's slot is taken
-        here and freed when the turn settles, and the turn gets its own generation id."""
-        accounts = self.ws.app.state.accounts
-        loader = self.ws.app.state.loader
-        if accounts is None:
-            await loader.ensure(raw.get("model"))
-            return OpenTicket()
-        from ..accounts.admission import admit as hosted_admit
-        from ..accounts.metering import new_generation_id
-
-        principal = self.principal
-        try:
-            slot = await accounts.limiter.acquire(principal.org_id, principal.concurrency_limit)
-        except ApiError:
-            raise
-        except Exception as exc:  # Redis down
-            raise accounts_unavailable(exc) from None
-        try:
-            return await hosted_admit(accounts, principal=principal, generation_id=new_generation_id(), body=raw, pool=self.ws.app.state.pool, slot=slot, loader=loader)
-        except BaseException as exc:
-            await slot.release()
-            if isinstance(exc, Exception) and not isinstance(exc, ApiError):
-                raise accounts_unavailable(exc) from None
-            raise
-
     def _history(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The connection's own history for ``previous_response_id``; None: ask the stores."""
         previous = body.get("previous_response_id")
@@ -305,7 +278,8 @@ class Session:
         if accounts is None:
             return True
         try:
-            self.principal = await socket_principal(accounts, self.ws.scope)
+            # admission reads the principal from the scope: the fresh one is what it sees
+            self.ws.scope[PRINCIPAL_SCOPE_KEY] = await socket_principal(accounts, self.ws.scope)
         except ApiError as error:
             await self._close_with(error, 1008 if error.status in (401, 403) else 1013)
             self.gone.set()
@@ -319,17 +293,17 @@ class Session:
         try:
             body, generate = self._request(frame)
             previous = body.get("previous_response_id") if isinstance(body.get("previous_response_id"), str) else None
-            ticket = await self._admit(body)
+            ticket = await admit(self.ws, body, turn=True)
         except ApiError as error:
             await self._refused(error, previous)
             return
         try:
-            body = _validated(self.ws, body)  # type: ignore[arg-type]  # an HTTPConnection suffices
-            body.setdefault(SESSION_FIELD, f"ws-{self.id}")  # all turns to the worker of the first
+            body = _validated(self.ws, body)
+            # All turns go to the worker of the first; a warm-up (generate: false) prefills the
+            # prompt into that worker's cache and its one token is dropped.
+            options = DoorOptions(session=door_session(self.ws) or f"ws-{self.id}", warm_up=not generate)
             history = self._history(body)
-            generation, own_input = await self.service.prepare(body, self.owner, history=history)
-            if not generate:
-                generation.body["max_output_tokens"] = 1  # prefill (and warm the cache), drop the token
+            generation, own_input = await self.service.prepare(body, self.owner, history=history, options=options)
             run = ResponseRun(self.service, generation, own_input, ticket, streaming=True)
             opening = generation.response.snapshot()
             await run.start()
@@ -351,24 +325,18 @@ class Session:
     async def _stream(self, run: ResponseRun, opening: dict[str, Any], *, warm_up: bool, previous: str | None) -> None:
         """The turn's events as frames, as the SSE door sends them (ResponseRun's contract)."""
         seq = EventSequencer()
-        try:
-            await self._send(seq.stamp({"type": "response.created", "response": opening}))
-            await self._send(seq.stamp({"type": "response.in_progress", "response": opening}))
-            try:
-                async for event in run.events():
-                    if not warm_up:
-                        await self._send(seq.stamp(event))
-            except GenerationFailed:
-                pass
-            if warm_up:
-                as_warm_up(run.response)
-            await run.finish()  # before the terminal event leaves
-            response = run.response
+        response = run.response
+
+        def keep_or_forget() -> None:  # the connection's state, before the client sees the end
             if response.status in ("completed", "incomplete"):
                 self.state.remember(response.id, run.generation.body["input"], response.data["output"])
             elif previous is not None:
                 self.state.forget(previous)
-            await self._send(seq.stamp(terminal_event(response)))
+
+        try:
+            warming = (lambda: as_warm_up(response)) if warm_up else None
+            async for event in response_stream(run, opening, quiet=warm_up, finishing=warming, finished=keep_or_forget):
+                await self._send(seq.stamp(event))
             log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": warm_up, "previous_response_id": previous})
         finally:
             await run.finish(client_gone=True)  # a no-op when the run finished above

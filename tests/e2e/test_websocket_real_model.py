@@ -144,3 +144,22 @@ def test_websocket_off_answers_the_upgrade_with_426(tmp_path):
         assert json.loads(refused.value.response.body)["error"]["code"] == "websocket_not_supported"
     finally:
         server.stop()
+
+
+def test_a_raw_prompt_from_the_client_is_not_rendered(client):
+    """``raw_prompt`` is the legacy Completions door's own option (the worker then skips the chat
+    template); a socket client that sends it, or any other internal key, gets the answer the
+    templated prompt gets: same prompt length, same greedy text."""
+    asked = {"model": MODEL, "temperature": 0, "instructions": "Answer in one word.", "input": "What colour is the sky?", "max_output_tokens": 8, "store": False}
+    hostile = {**asked, "raw_prompt": "Count to ten: 1, 2,", "kiln_session": "other", "keep_tokens": 1}
+    answers = []
+    with client.responses.connect() as conn:
+        for body in (asked, hostile):
+            conn.send({"type": "response.create", **body})  # type: ignore[typeddict-unknown-key]
+            frames = collect(conn)
+            assert_ws_turn(frames)
+            answers.append(final(frames))
+    clean, sent = answers
+    assert sent["usage"]["input_tokens"] == clean["usage"]["input_tokens"] > 12  # the template, not 8 raw tokens
+    assert [o.get("content") for o in sent["output"]] == [o.get("content") for o in clean["output"]]
+    assert "raw_prompt" not in sent and sent["instructions"] == "Answer in one word."

@@ -13,9 +13,9 @@ from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from kiln.gateway.app import create_app
 from kiln.gateway.doors.anthropic import (
     MessageTranslator,
-    StopMatcher,
     to_responses_body,
 )
+from kiln.gateway.doors.stop import StopCutter
 from kiln.gateway.errors import ApiError
 from kiln.gateway.settings import Settings
 from kiln.gateway.validation import validate_create
@@ -133,13 +133,13 @@ def test_count_only_needs_no_max_tokens():
     assert "max_output_tokens" not in spec.body and spec.stream is False
 
 
-def test_stop_matcher_holds_back_a_possible_start_and_finds_a_split_match():
-    m = StopMatcher(["STOP", "\n\n"])
+def test_stop_cutter_holds_back_a_possible_start_and_finds_a_split_match():
+    m = StopCutter(["STOP", "\n\n"])
     assert m.feed("Hello ST") == "Hello "
     assert m.feed("O") == ""
     assert m.feed("Px") == ""
     assert m.matched == "STOP"
-    m = StopMatcher(["STOP"])
+    m = StopCutter(["STOP"])
     assert m.feed("a ST") == "a "
     assert m.feed("AY") == "STAY"
     assert m.flush() == ""

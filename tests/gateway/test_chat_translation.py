@@ -4,6 +4,7 @@ Responses validator must accept), Responses events -> chat chunks, stop-sequence
 from __future__ import annotations
 
 import pytest
+from kiln.gateway.doors.anthropic import MessageTranslator
 from kiln.gateway.doors.chat import ChatTranslator, chat_usage
 from kiln.gateway.doors.chat_request import translate_chat
 from kiln.gateway.doors.stop import StopCutter
@@ -147,6 +148,25 @@ def test_stop_cutter_releases_everything_when_no_stop_appears():
     cut = StopCutter(["xyz"])
     out = cut.feed("abcx") + cut.feed("y") + cut.feed("w") + cut.flush()
     assert out == "abcxyw" and not cut.hit
+
+
+def test_the_cutter_holds_back_only_a_possible_start():
+    cut = StopCutter(["STOP", "\n\n", ""])
+    assert cut.feed("a bit ") == "a bit " and cut.feed("of S") == "of " and cut.feed("Tx") == "STx"
+    assert cut.feed("STO") == "" and cut.feed("P and more") == "" and cut.matched == "STOP" and cut.flush() == ""
+
+
+@pytest.mark.parametrize("pieces", [["one two ST", "OP three"], ["S", "T", "OP"], ["no stop ", "here S", "TA"], ["end\n", "\nmore"]])
+def test_chat_and_anthropic_cut_the_same_text(pieces):
+    stops = ["STOP", "\n\n"]
+    chat = ChatTranslator("resp_x", "m", stop=stops)
+    _run(chat, _text_events(pieces))
+    claude = MessageTranslator("m", stop_sequences=stops)
+    for event in _text_events(pieces):
+        claude.feed(event)
+    claude.end_events("completed", None)
+    text = "".join(block["text"] for block in claude.message("completed", None)["content"] if block["type"] == "text")
+    assert "".join(chat.content) == text and chat.stopped == claude.stopped
 
 
 def test_tool_call_deltas_carry_their_index():

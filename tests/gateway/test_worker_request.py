@@ -20,7 +20,7 @@ from kiln.gateway.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Compact, CountTokens, Generate, decode, encode
 from kiln.protocol.request import ContentPart, FunctionCall, FunctionCallOutput, GenerateRequest, Message, Sampling, ToolChoice
-from tests.gateway.inprocess import MODEL, FakePool
+from tests.gateway.inprocess import CONTEXT_WINDOW, MODEL, FakePool
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -188,3 +188,23 @@ def test_bad_sampling_is_400_from_every_door(gateway, field, value):
 def test_anthropic_bad_top_p_is_a_400(gateway):
     r = gateway.post("/v1/messages", json={"model": MODEL, "max_tokens": 5, "top_p": 0, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["type"] == "error" and gateway.pool.sent == []
+
+
+def test_both_count_endpoints_count_through_the_same_counter(gateway):
+    """``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens`` share one counter: the same
+    conversation is sent to the worker as the same request."""
+    assert gateway.post("/v1/responses/input_tokens", json={"model": MODEL, "instructions": "Be brief.", "input": [{"role": "user", "content": "hi"}]}).status_code == 200
+    openai_style = gateway.pool.request(CountTokens)
+    gateway.pool.sent.clear()
+    assert gateway.post("/v1/messages/count_tokens", json={"model": MODEL, "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    assert gateway.pool.request(CountTokens) == openai_style and openai_style.instructions == "Be brief."
+
+
+def test_anthropic_max_tokens_above_the_window_is_capped_where_responses_refuses_it(gateway):
+    """Claude Code asks for max_tokens 32000 whatever the model: the Messages door lowers it to
+    the context window (its own option), while /v1/responses refuses the same value."""
+    r = gateway.post("/v1/messages", json={"model": MODEL, "max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert gateway.pool.request().sampling.max_output_tokens == CONTEXT_WINDOW
+    r = gateway.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 32000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
