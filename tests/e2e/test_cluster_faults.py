@@ -24,6 +24,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from kiln.gateway.routes.health import worker_tag
 from tests.cluster import Cluster, haproxy
 from tests.conformance import assert_error, assert_response
 from tests.redis_support import RedisServer
@@ -56,7 +57,7 @@ def faults(tmp_path_factory):
 
 
 def _sdk(cluster: Cluster) -> OpenAI:
-    return OpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=httpx.Timeout(120, connect=10))
+    return OpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=openai.Timeout(120, connect=10))
 
 
 def until(predicate, what: str, timeout: float = WAIT_S) -> float:
@@ -152,14 +153,15 @@ def test_a_killed_replica_cuts_its_clients_promptly_and_its_background_jobs_fail
 
 
 def _served_by(cluster: Cluster, gateway: int, key: str) -> str:
-    """The worker gateway `gateway` sent one request with `key` to (its /metrics)."""
+    """The worker gateway `gateway` sent one request with `key` to (its /metrics), as the tag
+    /health shows it by (/health names no worker id)."""
     before = cluster.routed_by_worker(gateway)
     r = httpx.post(cluster.gateway_url(gateway) + "/v1/responses", json={"model": SCRIPTED, "input": "hi", "max_output_tokens": 4, "prompt_cache_key": key, "store": False}, timeout=60)
     assert r.status_code == 200, r.text
     after = cluster.routed_by_worker(gateway)
     grew = [w for w in after if after[w] > before.get(w, 0)]
     assert len(grew) == 1, (before, after)
-    return grew[0]
+    return worker_tag(grew[0])
 
 
 def test_a_killed_worker_leaves_both_replicas_within_the_heartbeat_timeout_and_rejoins_both_scripted(faults):
