@@ -74,6 +74,8 @@ typedef struct {
     const uint16_t *b;    /* (n, k / gs) float16 biases */
     const float *bias;    /* (n,) added after the product, or NULL */
     int bits, gs, n, k;
+    int type;             /* 0: the mlx layout above; else a GGML type (ggml.c): q is the file's
+                           * blocks, (n, kiln_ggml_row_bytes(type, k)), s and b unused */
 } kiln_qw;
 
 typedef struct {
@@ -90,6 +92,7 @@ typedef struct {
     const float *final_norm;
     kiln_qw head;
     const kiln_layer *layers;
+    kiln_qw embed_q; /* the embedding as GGML blocks where `embedding` is NULL */
 } kiln_model;
 
 /* One layer's cache: (B, kv_heads, capacity, head_dim) float32 buffers, each position a
@@ -186,7 +189,14 @@ typedef struct {
     float *xsum;    /* (M, g_ld) per weight group: the sum of its rounded values, d * sum(xi) */
     long xq_ld, dexp_ld, g_ld;
 #endif
+    int type;       /* the weights' GGML type (0: mlx's layout): the g* fields below then */
+    int8_t *gq;     /* (M, gq_ld) 8-bit values in natural order, per block of 32 */
+    float *gd;      /* (M, gd_ld) their scales, one per 32 */
+    int32_t *gsum;  /* (M, gsum_ld) the sum of each 16 of them */
+    long gq_ld, gd_ld, gsum_ld;
 } kiln_act;
+
+#include "ggml.c"
 
 #ifdef KILN_INT8
 /* Block b's two halves: h0 = the 16 values the low nibbles (4-bit) or the first 16 bytes
@@ -226,6 +236,10 @@ static void quantize_row(int K, int bits, int gs, const float *x, int8_t *xq, fl
 
 static void prepare_act(kiln_act *a, int int8) {
     for (int m = 0; m < a->M; m++) {
+        if (a->type) { /* GGML blocks: 8-bit activations always, as llama.cpp takes them */
+            ggml_quantize_row(a->K, a->x + (size_t)m * a->K, a->gq + m * a->gq_ld, a->gd + m * a->gd_ld, a->gsum + m * a->gsum_ld);
+            continue;
+        }
 #ifdef KILN_INT8
         if (int8) {
             quantize_row(a->K, a->bits, a->gs, a->x + (size_t)m * a->K, a->xq + m * a->xq_ld,
@@ -389,6 +403,12 @@ static void product_column(const kiln_qw *w, int o, const kiln_act *a, int int8,
     for (int m0 = 0; m0 < a->M; m0 += KILN_QMM_MAX_ROWS) {
         int M = a->M - m0 < KILN_QMM_MAX_ROWS ? a->M - m0 : KILN_QMM_MAX_ROWS;
         float *ym = y + m0 * ldy;
+        if (w->type) {
+#define KILN_TILE(n) case n: ggml_tile(n, w, o, a, m0, ym, ldy); break;
+            switch (M) { KILN_TILE(1) KILN_TILE(2) KILN_TILE(3) KILN_TILE(4) KILN_TILE(5) KILN_TILE(6) KILN_TILE(7) KILN_TILE(8) }
+#undef KILN_TILE
+            continue;
+        }
 #ifdef KILN_INT8
         if (int8) {
 #define KILN_TILE(n) case n: qdot_tile(n, w, o, a, m0, ym, ldy); break;
@@ -429,7 +449,8 @@ static void products(const kiln_job *jobs, int n_jobs, const kiln_act *a, int in
 typedef struct {
     float *h, *x, *qkv, *att, *tmp, *gu, *xp, *scores, *cosv, *sinv, *xsum, *dexp;
     int8_t *xq;
-    long kmax, xq_ld, dexp_ld, g_ld, qkv_ld, S;
+    int32_t *gsum;
+    long kmax, xq_ld, dexp_ld, g_ld, gsum_ld, qkv_ld, S;
 } kiln_scratch;
 
 static long round_up(long n, long to) { return (n + to - 1) / to * to; }
@@ -440,7 +461,7 @@ long kiln_forward_work(const kiln_model *m, int M, int S) {
     long qd = (long)m->heads * m->head_dim, kd = (long)m->kv_heads * m->head_dim;
     if (qd > kmax) kmax = qd;
     long per_row = m->hidden * 3 + kmax * 2 + (qd + 2 * kd) + qd + 2 * m->inter + m->head_dim
-                 + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (long)m->heads * S + 64;
+                 + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (kmax / 16 + 1) + (long)m->heads * S + 64;
     return (long)M * per_row + 1024;
 }
 
@@ -466,6 +487,9 @@ static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *
     TAKE(dexp, (long)M * w->dexp_ld);
     w->g_ld = kmax / 32 + 1;
     TAKE(xsum, (long)M * w->g_ld);
+    w->gsum_ld = kmax / 16 + 1;
+    w->gsum = (int32_t *)p;
+    p += round_up((long)M * w->gsum_ld, 16);
     TAKE(scores, (long)M * m->heads * S);
 #undef TAKE
     w->kmax = kmax;
@@ -481,6 +505,13 @@ static kiln_act act_for(const kiln_scratch *w, const kiln_qw *q, const float *x,
     a.gs = q->gs;
     a.x = x;
     a.xp = w->xp;
+    a.type = q->type;
+    a.gq = w->xq; /* the GGML form shares the 8-bit buffers: a product takes one form */
+    a.gd = w->dexp;
+    a.gsum = w->gsum;
+    a.gq_ld = w->xq_ld;
+    a.gd_ld = w->dexp_ld;
+    a.gsum_ld = w->gsum_ld;
 #ifdef KILN_INT8
     a.xq = w->xq;
     a.dexp = w->dexp;
@@ -564,7 +595,8 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
     carve(m, M, S, work, &w);
     long qd = (long)m->heads * D, kd = (long)m->kv_heads * D;
     for (int tok = 0; tok < M; tok++) {
-        memcpy(w.h + (size_t)tok * m->hidden, m->embedding + (size_t)tokens[tok] * m->hidden, sizeof(float) * m->hidden);
+        if (m->embedding) memcpy(w.h + (size_t)tok * m->hidden, m->embedding + (size_t)tokens[tok] * m->hidden, sizeof(float) * m->hidden);
+        else kiln_ggml_dequant(m->embed_q.type, 1, m->hidden, m->embed_q.q, tokens + tok, w.h + (size_t)tok * m->hidden);
         double pos = (double)positions[tok / T] + tok % T;
         for (int i = 0; i < half; i++) {
             double angle = pos * m->inv_freq[i];
