@@ -105,20 +105,38 @@ static inline void group_u(int type, const kiln_group *G, uint8_t u[32]) {
     }
 }
 
+#if defined(__AVX2__)
+static inline __m256i group_u256(int type, const kiln_group *G);
+#endif
+
 /* Rows of K weights as float32 (bit-exact with gguf-py's dequantize); rows[i] picks the row
- * (NULL: rows 0 .. n - 1). */
-void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *rows, float *out) {
+ * (NULL: rows 0 .. n - 1). Never contracted into fused multiply-adds: numpy rounds twice. */
+__attribute__((optimize("fp-contract=off"))) void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *rows, float *out) {
     long rb = kiln_ggml_row_bytes(type, K);
 #pragma omp parallel for schedule(static) if ((long)n * K >= (1L << 20))
     for (int r = 0; r < n; r++) {
         const uint8_t *row = q + (size_t)(rows ? rows[r] : r) * rb;
         float *o = out + (size_t)r * K;
-        uint8_t u[32];
         for (int g = 0; g < K / 32; g++) {
             kiln_group G = group_of(type, row, g);
-            group_u(type, &G, u);
             float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
+#if defined(__AVX2__)
+            /* the same operations in the same order, 8 lanes at a time (no fused multiply-add:
+             * w = s * (u - z) - mt rounds twice, as gguf-py's numpy does) */
+            uint8_t u[32];
+            _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
+            const __m256i zv = _mm256_set1_epi32(G.z);
+            const __m256 mv = _mm256_set1_ps(G.mt);
+            for (int e = 0; e < 4; e++) {
+                __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 8 * e))), zv);
+                __m256 p = _mm256_mul_ps(_mm256_set1_ps(e < 2 ? s0 : s1), _mm256_cvtepi32_ps(v));
+                _mm256_storeu_ps(o + g * 32 + 8 * e, _mm256_sub_ps(p, mv));
+            }
+#else
+            uint8_t u[32];
+            group_u(type, &G, u);
             for (int l = 0; l < 32; l++) o[g * 32 + l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
+#endif
         }
     }
 }
@@ -148,17 +166,12 @@ static void ggml_quantize_row(int K, const float *x, int8_t *xq, float *d, int32
 }
 
 #if defined(__AVX2__)
-/* Q8_0 on AVX2 without VNNI: maddubs would saturate on u up to 255, so the signed q multiplies
- * as |q| by sign(q) * xi (z = 0 then). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define GGML_DOT(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
-#define GGML_SIGNED_Q8 0
 #elif defined(__AVXVNNI__)
 #define GGML_DOT(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
-#define GGML_SIGNED_Q8 0
-#else
+#else /* pairs of u8 x s8 products: |u - z| <= 128 and |xi| <= 127 never saturate int16 */
 #define GGML_DOT(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
-#define GGML_SIGNED_Q8 1
 #endif
 
 static inline float ggml_hsum8(__m256 v) {
@@ -191,37 +204,64 @@ static inline __m256i group_u256(int type, const kiln_group *G) {
     }
 }
 
+/* Types with a zero point multiply signed weights (u - z, |u - z| <= 128) as |u - z| by
+ * sign(u - z) * xi, which vpdpbusd / maddubs take as unsigned x signed bytes without the zero
+ * point's correction; Q4_K's offset is added per group from the activations' sums. */
 static inline __attribute__((always_inline)) void ggml_tile(const int M, const kiln_qw *w, int o, const kiln_act *a, int m0, float *y, long ldy) {
     const int K = w->k, type = w->type;
     const uint8_t *row = w->q + (size_t)o * kiln_ggml_row_bytes(type, K);
-    const int signed_q8 = GGML_SIGNED_Q8 && type == KILN_Q8_0;
     __m256 acc[KILN_QMM_MAX_ROWS];
     float extra[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) {
         acc[m] = _mm256_setzero_ps();
         extra[m] = 0.f;
     }
+    if (type == KILN_Q4_K) { /* the common case, by super-block: scales decoded once per 8 groups */
+        const __m256i low4 = _mm256_set1_epi8(15);
+        for (int sb = 0; sb < K / 256; sb++) {
+            const uint8_t *b = row + (size_t)sb * 144;
+            float sc[8], mt[8];
+            for (int j = 0; j < 8; j++) {
+                kiln_group G = group_of(KILN_Q4_K, b, j);
+                sc[j] = G.f * (float)G.c0;
+                mt[j] = G.mt;
+            }
+            for (int j2 = 0; j2 < 4; j2++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j2));
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                const int g = sb * 8 + 2 * j2;
+                for (int m = 0; m < M; m++) {
+                    const long r = m0 + m;
+                    const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
+                    const __m256i i0 = GGML_DOT(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)xq));
+                    const __m256i i1 = GGML_DOT(_mm256_setzero_si256(), hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+                    const float dx0 = a->gd[r * a->gd_ld + g], dx1 = a->gd[r * a->gd_ld + g + 1];
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(sc[2 * j2] * dx0), acc[m]);
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(sc[2 * j2 + 1] * dx1), acc[m]);
+                    const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                    extra[m] -= dx0 * mt[2 * j2] * (float)(is[0] + is[1]) + dx1 * mt[2 * j2 + 1] * (float)(is[2] + is[3]);
+                }
+            }
+        }
+        for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
+        return;
+    }
     for (int g = 0; g < K / 32; g++) {
         kiln_group G = group_of(type, row, g);
-        __m256i u = group_u256(type, &G), au = u;
-        int z = G.z;
-        if (signed_q8) {
-            u = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80)); /* back to signed q */
-            au = _mm256_abs_epi8(u);
-            z = 0;
-        }
-        __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
-        float zc0 = G.f * (float)(z * G.c0), zc1 = G.f * (float)(z * G.c1);
+        const __m256i u = group_u256(type, &G);
+        const __m256i sw = _mm256_sub_epi8(u, _mm256_set1_epi8((char)G.z)); /* u - z, signed */
+        const __m256i au = G.z ? _mm256_abs_epi8(sw) : u;
+        const __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
         for (int m = 0; m < M; m++) {
             const long r = m0 + m;
             const __m256i xi = _mm256_loadu_si256((const __m256i *)(a->gq + r * a->gq_ld + g * 32));
-            __m256i i = _mm256_setzero_si256();
-            if (signed_q8) i = GGML_DOT(i, au, _mm256_sign_epi8(xi, u));
-            else i = GGML_DOT(i, u, xi);
+            const __m256i i = GGML_DOT(_mm256_setzero_si256(), au, G.z ? _mm256_sign_epi8(xi, sw) : xi);
             const float dx = a->gd[r * a->gd_ld + g];
-            const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(cv, _mm256_set1_ps(dx)), acc[m]);
-            extra[m] -= dx * (zc0 * (float)is[0] + zc1 * (float)is[1] + G.mt * (float)(is[0] + is[1]));
+            if (G.mt != 0.f) {
+                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                extra[m] -= dx * G.mt * (float)(is[0] + is[1]);
+            }
         }
     }
     for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
