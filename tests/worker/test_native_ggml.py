@@ -113,6 +113,19 @@ def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qty
     assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= slack + (d / 2) @ np.abs(w).T * (1 + 1e-6))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 8, 11])
+def test_exact_product_is_dequantize_then_multiply(kernel, qtype, rows):
+    """The float32 product mlx's forward pass takes for a few rows: the reference product up to
+    the order of float32 sums."""
+    rng = np.random.default_rng(7 + rows)
+    b = blocks(rng, qtype, 13, 768)
+    w = quants.dequantize(b, qtype).astype(np.float64)
+    x = rng.standard_normal((rows, 768)).astype(np.float32)
+    y = kernel.ggml_matmul(x, b, int(qtype), 768, exact=True).astype(np.float64)
+    assert np.all(np.abs(y - x @ w.T) <= 1e-5 * (np.abs(x) @ np.abs(w).T))
+
+
 def test_types_and_widths_outside_the_loops_are_refused(kernel):
     assert kernel.ggml_row_bytes(int(Q.Q4_K), 300) == -1  # not whole super-blocks
     assert kernel.ggml_row_bytes(int(Q.Q5_K), 256) == -1  # not read in place (yet)

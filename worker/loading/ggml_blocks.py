@@ -9,10 +9,13 @@ maps its files), and nothing else holds its values:
 
 - the native whole-step pass (engine/native_decode.py) multiplies those blocks in place with
   8-bit activations;
-- mlx's own forward pass (prefill, the fallback, the native pass's build check) goes through
-  ``GGMLLinear`` / ``GGMLEmbedding``, which dequantize the blocks (bit-exact with gguf-py's
-  reference) a bounded piece at a time and multiply in float32, so mlx's result is the exact
-  reference the native pass is checked against and no full float copy ever exists.
+- mlx's own forward pass (prefill chunks, the fallback, the native pass's build check) goes
+  through ``GGMLLinear`` / ``GGMLEmbedding``, which compute dequantize-then-multiply in float32
+  (the dequantization bit-exact with gguf-py's reference), so mlx's result is the exact
+  reference the native pass is checked against: up to ``EXACT_KERNEL_MAX_ROWS`` rows in one C
+  pass that dequantizes each group in registers (dequantizing every matrix into memory for a
+  few rows made a pass ~40x a decode step, and the build check runs several), more rows (a long
+  prompt's chunk) from dequantized pieces multiplied with BLAS. No full float copy ever exists.
 
 The blocks are not mlx parameters: nothing in mlx sees them or copies them.
 """
@@ -32,6 +35,9 @@ TYPE_IDS: dict[str, int] = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 KEPT_TYPES = frozenset({"Q4_K", "Q6_K"})
 # Floats of one dequantized piece when mlx multiplies (32 MB): what a prefill adds at most.
 _PIECE_FLOATS = 1 << 23
+# Rows up to which a product inside mlx's graph dequantizes in registers (reading the weights
+# once per 8 rows) rather than into pieces for BLAS.
+EXACT_KERNEL_MAX_ROWS = 32
 
 
 class GGMLWeights:
@@ -56,10 +62,16 @@ class GGMLWeights:
         return self.kernel.ggml_matmul(np.ascontiguousarray(x, dtype=np.float32), self.blocks, self.type_id, self.in_dims)
 
     def matmul(self, x: mx.array) -> mx.array:
-        """x @ W.T in float32 inside an mlx forward pass, from dequantized pieces of W: each
-        piece's product is evaluated before the next piece exists."""
+        """x @ W.T in float32 inside an mlx forward pass, dequantize-then-multiply: in registers
+        for a few rows, else from dequantized pieces of W, each piece's product evaluated before
+        the next exists."""
         mx.eval(x)
         flat = x.reshape(-1, self.in_dims).astype(mx.float32)
+        if flat.shape[0] <= EXACT_KERNEL_MAX_ROWS:
+            mx.eval(flat)
+            rows = np.ascontiguousarray(np.asarray(flat))
+            y = self.kernel.ggml_matmul(rows, self.blocks, self.type_id, self.in_dims, exact=True)
+            return mx.array(y).reshape(*x.shape[:-1], self.out_dims)
         step = max(1, _PIECE_FLOATS // self.in_dims)
         parts = []
         for start in range(0, self.out_dims, step):

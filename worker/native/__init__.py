@@ -116,6 +116,8 @@ class CpuKernels:
         library.kiln_threads.restype = i32
         library.kiln_ggml_matmul.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
         library.kiln_ggml_matmul.restype = i32
+        library.kiln_ggml_matmul_f32.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
+        library.kiln_ggml_matmul_f32.restype = i32
         library.kiln_ggml_dequant.argtypes = [i32, i32, i32, ptr, ptr, ptr]
         library.kiln_ggml_dequant.restype = None
         library.kiln_ggml_row_bytes.argtypes = [i32, i64]
@@ -195,16 +197,18 @@ class CpuKernels:
         read that type (or k is not a whole number of its blocks)."""
         return int(self._lib.kiln_ggml_row_bytes(type_id, k))
 
-    def ggml_matmul(self, x: np.ndarray, blocks: np.ndarray, type_id: int, k: int) -> np.ndarray:
+    def ggml_matmul(self, x: np.ndarray, blocks: np.ndarray, type_id: int, k: int, exact: bool = False) -> np.ndarray:
         """``x @ W.T`` for W stored as a GGUF's blocks of ``type_id`` (rows x row bytes, uint8),
-        with 8-bit activations (ggml.c). x: (M, k) float32 C-contiguous, any M."""
+        with 8-bit activations and integer dot products, or (``exact``) float32 activations
+        against W dequantized in registers (ggml.c). x: (M, k) float32 C-contiguous, any M."""
         rows = x.shape[0]
         n = blocks.shape[0]
         if self.ggml_row_bytes(type_id, k) != blocks.shape[1] or x.shape[1] != k or not blocks.flags.c_contiguous:
             raise ValueError(f"GGML type {type_id} blocks of shape {blocks.shape} do not hold {k}-wide rows")
         y = np.empty((rows, n), dtype=np.float32)
         self.enter()
-        if self._lib.kiln_ggml_matmul(type_id, rows, n, k, blocks.ctypes.data, x.ctypes.data, y.ctypes.data) != 0:
+        product = self._lib.kiln_ggml_matmul_f32 if exact else self._lib.kiln_ggml_matmul
+        if product(type_id, rows, n, k, blocks.ctypes.data, x.ctypes.data, y.ctypes.data) != 0:
             raise MemoryError("kiln_ggml_matmul could not allocate its activations")
         return y
 

@@ -753,5 +753,6 @@ int kiln_selftest(void) {
         /* x is integral and within 8 bits' range: int8 activations are exact here too. */
         if (fabsf(y[0] - ref4) > 1e-3f * fabsf(ref4) + 1e-3f || fabsf(y[1] - ref8) > 1e-3f * fabsf(ref8) + 1e-3f) return 2;
     }
+    if (ggml_selftest()) return 3; /* the GGUF block products (ggml.c) */
     return 0;
 }

@@ -141,6 +141,47 @@ __attribute__((optimize("fp-contract=off"))) void kiln_ggml_dequant(int type, in
     }
 }
 
+/* y (M, N) = x (M, K) @ W.T in float32, each group of W dequantized in registers exactly as
+ * kiln_ggml_dequant does: dequantize-then-multiply up to the order of float sums, reading W
+ * once for all M rows. mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
+ * reference the native pass is checked against, without a float copy of W. */
+__attribute__((optimize("fp-contract=off"))) static void ggml_dequant_group(int type, const uint8_t *row, int g, float *w) {
+    kiln_group G = group_of(type, row, g);
+    uint8_t u[32];
+    group_u(type, &G, u);
+    float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
+    for (int l = 0; l < 32; l++) w[l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
+}
+
+int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
+    long rb = kiln_ggml_row_bytes(type, K);
+    if (M < 1 || rb < 0) return -1;
+    int parallel = (long)M * N * K >= parallel_macs;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int o = 0; o < N; o++) {
+        const uint8_t *row = q + (size_t)o * rb;
+        for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS) {
+            int rows = M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS;
+            float acc[KILN_QMM_MAX_ROWS][32];
+            memset(acc, 0, sizeof acc);
+            float w[32];
+            for (int g = 0; g < K / 32; g++) {
+                ggml_dequant_group(type, row, g, w);
+                for (int m = 0; m < rows; m++) {
+                    const float *xm = x + (size_t)(m0 + m) * K + g * 32;
+                    for (int l = 0; l < 32; l++) acc[m][l] += w[l] * xm[l];
+                }
+            }
+            for (int m = 0; m < rows; m++) {
+                float t = 0.f;
+                for (int l = 0; l < 32; l++) t += acc[m][l];
+                y[(size_t)(m0 + m) * N + o] = t;
+            }
+        }
+    }
+    return 0;
+}
+
 /* x (K floats) as 8-bit values per block of 32 (natural order), their scales, and the sum of
  * each 16 of them. */
 static void ggml_quantize_row(int K, const float *x, int8_t *xq, float *d, int32_t *isum) {
@@ -312,5 +353,47 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
             ggml_tile(rows, &w, o, &a, m0, y + (size_t)m0 * N + o, N);
         }
     free(xq); free(d); free(is);
+    return 0;
+}
+
+/* 0 where this build's products of each type equal the plain sum over the scalar decoding of
+ * the same blocks (for kiln_selftest: a variant whose vector loops disagree is not used). The
+ * activations are integers with 127 in every block, so their 8-bit form is exact. */
+static int ggml_selftest(void) {
+    enum { K = 256 };
+    static const int types[] = {KILN_Q4_0, KILN_Q8_0, KILN_Q4_K, KILN_Q6_K};
+    uint8_t row[K / 32 * 34];
+    float x[K];
+    int8_t xq[K];
+    float d[K / 32];
+    int32_t is[K / 16];
+    for (int i = 0; i < K; i++) x[i] = i % 32 ? (float)((i * 37) % 255 - 127) : 127.f;
+    for (int t = 0; t < 4; t++) {
+        int type = types[t];
+        long rb = kiln_ggml_row_bytes(type, K);
+        for (long i = 0; i < rb; i++) row[i] = (uint8_t)((i * 101 + 7 * t) % 256);
+        /* float16 scales: 1/64 (and dmin 1/128) where the type has them */
+        const uint16_t s1 = 0x2400, s2 = 0x2000;
+        if (type == KILN_Q4_K) { memcpy(row, &s1, 2); memcpy(row + 2, &s2, 2); }
+        else if (type == KILN_Q6_K) memcpy(row + 208, &s1, 2);
+        else for (int b = 0; b < K / 32; b++) memcpy(row + b * (type == KILN_Q4_0 ? 18 : 34), &s1, 2);
+        double ref = 0.0, mag = 0.0;
+        uint8_t u[32];
+        for (int g = 0; g < K / 32; g++) {
+            kiln_group G = group_of(type, row, g);
+            group_u(type, &G, u);
+            for (int l = 0; l < 32; l++) {
+                double w = (double)G.f * (l < 16 ? G.c0 : G.c1) * ((int)u[l] - G.z) - G.mt;
+                ref += w * x[g * 32 + l];
+                mag += fabs(w * x[g * 32 + l]);
+            }
+        }
+        ggml_quantize_row(K, x, xq, d, is);
+        kiln_act a = {.M = 1, .K = K, .type = type, .gq = xq, .gd = d, .gsum = is, .gq_ld = K, .gd_ld = K / 32, .gsum_ld = K / 16};
+        kiln_qw w = {.q = row, .n = 1, .k = K, .type = type};
+        float y = 0.f;
+        ggml_tile(1, &w, 0, &a, 0, &y, 1);
+        if (fabs(y - ref) > 1e-5 * mag + 1e-6) return 1;
+    }
     return 0;
 }
