@@ -109,35 +109,35 @@ static inline void group_u(int type, const kiln_group *G, uint8_t u[32]) {
 static inline __m256i group_u256(int type, const kiln_group *G);
 #endif
 
+/* Group g of a row as 32 float32 weights, bit-exact with gguf-py's dequantize: never
+ * contracted into fused multiply-adds (numpy rounds twice). */
+__attribute__((optimize("fp-contract=off"))) static inline void ggml_dequant_group(int type, const uint8_t *row, int g, float *o) {
+    kiln_group G = group_of(type, row, g);
+    float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
+    uint8_t u[32];
+#if defined(__AVX2__)
+    _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
+    const __m256i zv = _mm256_set1_epi32(G.z);
+    const __m256 mv = _mm256_set1_ps(G.mt);
+    for (int e = 0; e < 4; e++) {
+        __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 8 * e))), zv);
+        __m256 p = _mm256_mul_ps(_mm256_set1_ps(e < 2 ? s0 : s1), _mm256_cvtepi32_ps(v));
+        _mm256_storeu_ps(o + 8 * e, _mm256_sub_ps(p, mv));
+    }
+#else
+    group_u(type, &G, u);
+    for (int l = 0; l < 32; l++) o[l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
+#endif
+}
+
 /* Rows of K weights as float32 (bit-exact with gguf-py's dequantize); rows[i] picks the row
- * (NULL: rows 0 .. n - 1). Never contracted into fused multiply-adds: numpy rounds twice. */
-__attribute__((optimize("fp-contract=off"))) void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *rows, float *out) {
+ * (NULL: rows 0 .. n - 1). */
+void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *rows, float *out) {
     long rb = kiln_ggml_row_bytes(type, K);
 #pragma omp parallel for schedule(static) if ((long)n * K >= (1L << 20))
     for (int r = 0; r < n; r++) {
         const uint8_t *row = q + (size_t)(rows ? rows[r] : r) * rb;
-        float *o = out + (size_t)r * K;
-        for (int g = 0; g < K / 32; g++) {
-            kiln_group G = group_of(type, row, g);
-            float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
-#if defined(__AVX2__)
-            /* the same operations in the same order, 8 lanes at a time (no fused multiply-add:
-             * w = s * (u - z) - mt rounds twice, as gguf-py's numpy does) */
-            uint8_t u[32];
-            _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
-            const __m256i zv = _mm256_set1_epi32(G.z);
-            const __m256 mv = _mm256_set1_ps(G.mt);
-            for (int e = 0; e < 4; e++) {
-                __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 8 * e))), zv);
-                __m256 p = _mm256_mul_ps(_mm256_set1_ps(e < 2 ? s0 : s1), _mm256_cvtepi32_ps(v));
-                _mm256_storeu_ps(o + g * 32 + 8 * e, _mm256_sub_ps(p, mv));
-            }
-#else
-            uint8_t u[32];
-            group_u(type, &G, u);
-            for (int l = 0; l < 32; l++) o[g * 32 + l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
-#endif
-        }
+        for (int g = 0; g < K / 32; g++) ggml_dequant_group(type, row, g, out + (size_t)r * K + g * 32);
     }
 }
 
@@ -145,14 +145,6 @@ __attribute__((optimize("fp-contract=off"))) void kiln_ggml_dequant(int type, in
  * kiln_ggml_dequant does: dequantize-then-multiply up to the order of float sums, reading W
  * once for all M rows. mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
  * reference the native pass is checked against, without a float copy of W. */
-__attribute__((optimize("fp-contract=off"))) static void ggml_dequant_group(int type, const uint8_t *row, int g, float *w) {
-    kiln_group G = group_of(type, row, g);
-    uint8_t u[32];
-    group_u(type, &G, u);
-    float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
-    for (int l = 0; l < 32; l++) w[l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
-}
-
 int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
     long rb = kiln_ggml_row_bytes(type, K);
     if (M < 1 || rb < 0) return -1;
