@@ -58,14 +58,24 @@ def test_gguf_matches_mlx_folder(tmp_path, tokenizer_md, case, quant, caplog):
     if expected_arch not in ("llama", "qwen2", "qwen3"):
         assert NativeDecoder.build(from_gguf.model) is None
     if quant == "K":
-        # Q4_K/Q5_K repack into mlx's affine layout, Q6_K has none (groups of 16): the load says so.
-        assert re.search(r"Q4_K x \d+ -> affine 4-bit g32 \(scales and mins rounded to float16\)", caplog.text)
-        assert re.search(r"Q6_K x \d+ -> float16 \(dequantized", caplog.text)
-        conversions = from_gguf.info.extra["conversions"]
-        assert conversions == {"Q4_K": "affine 4-bit g32", "Q5_K": "affine 5-bit g32", "Q6_K": "float16", "Q8_0": "affine 8-bit g32"}
+        from kiln.worker.loading.device import keeps_gguf_blocks
+
+        converted = {"Q4_K": "affine 4-bit g32", "Q5_K": "affine 5-bit g32", "Q6_K": "float16", "Q8_0": "affine 8-bit g32"}
+        if expected_arch in ("llama", "qwen2", "qwen3") and keeps_gguf_blocks("auto"):
+            # The CPU worker keeps Q4_K and Q6_K as the file's blocks, read in place by the native
+            # kernels (and dequantized piecewise where mlx multiplies): the load says so.
+            assert re.search(r"Q4_K x \d+ -> GGUF blocks \(memory-mapped, native kernels\)", caplog.text)
+            assert re.search(r"Q6_K x \d+ -> GGUF blocks \(memory-mapped", caplog.text)
+            assert from_gguf.info.extra["conversions"] == {**converted, "Q4_K": "GGUF blocks", "Q6_K": "GGUF blocks"}
+        else:
+            # Q4_K/Q5_K repack into mlx's affine layout, Q6_K has none (groups of 16): the load says so.
+            assert re.search(r"Q4_K x \d+ -> affine 4-bit g32 \(scales and mins rounded to float16\)", caplog.text)
+            assert re.search(r"Q6_K x \d+ -> float16 \(dequantized", caplog.text)
+            assert from_gguf.info.extra["conversions"] == converted
         assert from_gguf.info.quantization == "gguf:Q4_K_M"
         # mlx's own quantized path (the GPU's; here mlx's CPU kernels) decodes the same tokens.
         native = load_model(str(gguf_file), weights="native")
+        assert native.info.extra["conversions"] == converted
         assert greedy(native)[0] == ids_folder
 
 
@@ -105,17 +115,17 @@ def test_unknown_tokenizer_model_is_refused_by_name(tmp_path, tokenizer_md):
 
 
 def test_q4_k_model_decodes_through_the_native_cpu_kernel(tmp_path, tokenizer_md):
-    """Every matrix Q4_K (256 wide): the CPU worker keeps the repacked 4-bit weights for its
-    native decode step, which checks itself against mlx, and generates the folder's tokens."""
+    """Every matrix Q4_K (256 wide): the CPU worker keeps the file's blocks for its native
+    decode step, which checks itself against mlx, and generates the folder's tokens."""
     from kiln.worker.engine.native_decode import NativeDecoder
-    from kiln.worker.loading.device import on_cpu
+    from kiln.worker.loading.device import keeps_gguf_blocks, on_cpu
 
     from gguf import GGMLQuantizationType as Q
 
     cfg = dict(CONFIGS["llama"], hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     gguf_file, folder = write_pair("llama", "K", tokenizer_md, tmp_path, config=cfg, k_types=(Q.Q4_K,))
     loaded = load_model(str(gguf_file))
-    assert loaded.info.extra["conversions"] == {"Q4_K": "affine 4-bit g32"}
+    assert loaded.info.extra["conversions"] == {"Q4_K": "GGUF blocks" if keeps_gguf_blocks("auto") else "affine 4-bit g32"}
     if on_cpu():
         assert NativeDecoder.build(loaded.model) is not None
     assert greedy(loaded)[0] == greedy(load_model(str(folder)))[0]

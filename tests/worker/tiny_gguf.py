@@ -153,7 +153,7 @@ def k_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: Q, scale: 
     return blocks.reshape(*shape[:-1], n_blocks * size)
 
 
-def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...]) -> tuple[np.ndarray, Q | None]:
+def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...], k_scale: float = 2.0**-9) -> tuple[np.ndarray, Q | None]:
     """The stored bytes (or floats) of one tensor and its GGML type (None: plain F32)."""
     is_matrix = w.ndim >= 2 and not name.endswith("norm.weight")
     if not is_matrix or quant == "F32":
@@ -162,11 +162,13 @@ def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...]) -
         return w.astype(np.float16), None
     if quant == "K":  # like Q4_K_M: K blocks where rows are 256 wide, else Q8_0
         if w.shape[-1] % 256 == 0:
-            layer = int(name.split(".")[2]) if name.startswith("model.layers.") else 0
-            qtype = k_types[layer % len(k_types)]
+            if name.startswith("model.layers."):
+                qtype = k_types[int(name.split(".")[2]) % len(k_types)]
+            else:  # the embedding and output head: Q6_K where it is one, as llama-quantize's Q4_K_M
+                qtype = Q.Q6_K if Q.Q6_K in k_types else k_types[0]
             # Power-of-two super-block scales: d * sc and dmin * m are float16 themselves, so
             # Kiln's repack holds exactly gguf-py's values (test_gguf_quants checks the rest).
-            return k_blocks(rng, w.shape, qtype, scale=2.0**-9), qtype
+            return k_blocks(rng, w.shape, qtype, scale=k_scale), qtype
         qtype = Q.Q8_0
     else:
         qtype = Q[quant]
@@ -176,14 +178,15 @@ def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...]) -
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
                config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
                tokenizer_model: str | None = None, chat_template: str | None = None,
-               k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K)) -> tuple[Path, Path]:  # fmt: skip
+               k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K), k_scale: float = 2.0**-9) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
     `tokenizer_md` holds `tokenizer.*` keys as mx.load or tiny_spm gives them.
     `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
     `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one);
     `chat_template` replaces the GGUF's (a tools-rendering ChatML one by default);
-    `k_types` are the K types quant "K" cycles through, one per layer.
+    `k_types` are the K types quant "K" cycles through, one per layer (the embedding and output
+    take Q6_K where it is one of them); `k_scale` is their super-block scale.
     """
     import importlib
 
@@ -217,7 +220,7 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
             w = (1.0 + 0.1 * rng.standard_normal(w.shape)).astype(np.float32)
         else:
             w = (0.08 * rng.standard_normal(w.shape)).astype(np.float32)
-        stored, qtype = _encode(rng, name, w, quant, k_types)
+        stored, qtype = _encode(rng, name, w, quant, k_types, k_scale)
         if qtype is None:
             decoded = stored.astype(np.float32)
         else:

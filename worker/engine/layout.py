@@ -123,10 +123,10 @@ def _verified_swaps(model: nn.Module) -> list[_Swap]:
 
     The model is run on a short probe before and after: a model that reads ``.weight``
     directly would disagree."""
-    before = _probe(model)
     swaps = _swaps(model)
-    if not swaps:
+    if not swaps:  # e.g. every matrix GGUF blocks (loading/ggml_blocks.py): no probe pass either
         return []
+    before = _probe(model)
     _use(swaps, True)
     mx.eval(model.parameters())
     try:

@@ -30,6 +30,7 @@ import numpy as np
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache
 
+from ..loading.ggml_blocks import GGMLEmbedding, GGMLLinear, GGMLWeights, ggml_weights
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
 from ..native import CpuKernels
 from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
@@ -85,17 +86,21 @@ FLOAT32 = Tolerance(kl=1e-5, decided=1e-3)
 INT8 = Tolerance(kl=0.05, decided=0.1)
 
 
+# A matrix as the pass reads it: mlx's affine layout (packed.py) or a GGUF's blocks (ggml_blocks.py).
+Weights = PackedWeights | GGMLWeights
+
+
 @dataclass
 class _Layer:
     attn_norm: np.ndarray
     mlp_norm: np.ndarray
-    q: PackedWeights
-    k: PackedWeights
-    v: PackedWeights
-    o: PackedWeights
-    gate: PackedWeights
-    up: PackedWeights
-    down: PackedWeights
+    q: Weights
+    k: Weights
+    v: Weights
+    o: Weights
+    gate: Weights
+    up: Weights
+    down: Weights
     qkv_bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # Qwen2
     qk_norm: tuple[np.ndarray, np.ndarray] | None = None  # Qwen3: per-head RMSNorm before RoPE
 
@@ -106,16 +111,24 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _packed(module: nn.Module) -> PackedWeights | None:
-    """The packed weights of a PackedLinear (bias or not), else None."""
+def _packed(module: nn.Module) -> Weights | None:
+    """The weights of a PackedLinear or GGMLLinear (bias or not), else None."""
+    if type(module) is GGMLLinear:
+        return ggml_weights(module)
     return module._packed if type(module) is PackedLinear else None
 
 
-def _same_input(parts: list[PackedWeights]) -> bool:
-    """Products of one input share its 8-bit form: same bits and groups, which the loops take
-    as 32 or a multiple of 64."""
+def _same_input(parts: list[Weights]) -> bool:
+    """Products of one input share its 8-bit form: GGUF blocks of any type (one form for all),
+    or mlx's layout with the same bits and groups, which the loops take as 32 or a multiple of 64."""
+    blocks = [isinstance(p, GGMLWeights) for p in parts]
+    if any(blocks):
+        return all(blocks)
     first = parts[0]
-    return all(p.bits == first.bits and p.group_size == first.group_size for p in parts) and (first.group_size == 32 or first.group_size % 64 == 0)
+    assert isinstance(first, PackedWeights)
+    return all(isinstance(p, PackedWeights) and p.bits == first.bits and p.group_size == first.group_size for p in parts) and (
+        first.group_size == 32 or first.group_size % 64 == 0
+    )
 
 
 def _layer(block: nn.Module, eps: float) -> _Layer | None:
@@ -144,26 +157,47 @@ def _layer(block: nn.Module, eps: float) -> _Layer | None:
     return _Layer(np.asarray(norms[0].weight), np.asarray(norms[1].weight), *parts, qkv_bias=qkv_bias, qk_norm=qk_norm)
 
 
-def _weights(p: PackedWeights, bias: np.ndarray | None = None) -> QuantizedWeights:
+def _weights(p: Weights, bias: np.ndarray | None = None) -> QuantizedWeights:
+    if isinstance(p, GGMLWeights):
+        return QuantizedWeights.of_blocks(p.blocks, p.type_id, p.in_dims, floats(bias))
     return QuantizedWeights.of(p.q, p.scales, p.biases, p.bits, p.group_size, floats(bias))
+
+
+def _vocab(embedding: nn.Module) -> int:
+    return embedding.num_embeddings if type(embedding) is GGMLEmbedding else embedding.weight.shape[0]
+
+
+def _blocks_line(layers: list[_Layer], head: Weights, embedding: nn.Module) -> str:
+    """E.g. "; GGUF blocks: Q4_K x 96, Q6_K x 17" (products and the embedding), or ""."""
+    parts: list[Weights] = [head] + [getattr(layer, n) for layer in layers for n in ("q", "k", "v", "o", "gate", "up", "down")]
+    names = [p.type_name for p in parts if isinstance(p, GGMLWeights)]
+    if type(embedding) is GGMLEmbedding and (embedding._ggml is not head):
+        names.append(embedding._ggml.type_name)
+    if not names:
+        return ""
+    return "; GGUF blocks: " + ", ".join(f"{t} x {names.count(t)}" for t in sorted(set(names)))
 
 
 class NativeDecoder:
     """Logits for new tokens of each row, given mlx-lm BatchKVCaches holding each row's past."""
 
-    def __init__(self, model: llama.Model, layers: list[_Layer], head: PackedWeights, int8: bool) -> None:
+    def __init__(self, model: llama.Model, layers: list[_Layer], head: Weights, int8: bool) -> None:
         inner = model.model
         attn = inner.layers[0].self_attn
         self.max_rows = MAX_TOKENS
-        self.int8 = int8  # 8-bit activations (else float32)
+        self.int8 = int8  # 8-bit activations (else float32) for mlx-layout products
+        # Products of GGUF blocks always take 8-bit activations: then so does the check.
+        self.blocks = _blocks_line(layers, head, inner.embed_tokens)
         self._kernels: CpuKernels = head.kernel
         self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
-        self._vocab = inner.embed_tokens.weight.shape[0]
+        self._vocab = _vocab(inner.embed_tokens)
         rope = attn.rope
         half = rope.dims // 2
         self._inv_freq = rope.scale * rope.base ** (-np.arange(half, dtype=np.float64) / half)
-        self._embedding = floats(np.asarray(inner.embed_tokens.weight))
+        embed_blocks = ggml_weights(inner.embed_tokens)
+        self._embedding = None if embed_blocks is not None else floats(np.asarray(inner.embed_tokens.weight))
+        self._embed_q = _weights(embed_blocks) if embed_blocks is not None else QuantizedWeights()
         self._final_norm = floats(np.asarray(inner.norm.weight))
         keep: list[object] = []
         structs = []
@@ -179,10 +213,10 @@ class NativeDecoder:
         self._keep = keep
         self._head = _weights(head)
         self._model = Model(
-            len(layers), inner.embed_tokens.weight.shape[1], layers[0].gate.out_dims, self._heads, self._kv_heads,
+            len(layers), self._final_norm.shape[0], layers[0].gate.out_dims, self._heads, self._kv_heads,
             self._head_dim, self._vocab, int(rope.traditional), inner.norm.eps, attn.scale,
-            self._inv_freq.ctypes.data, self._embedding.ctypes.data, self._final_norm.ctypes.data, self._head,
-            self._layer_array,
+            self._inv_freq.ctypes.data, None if self._embedding is None else self._embedding.ctypes.data,
+            self._final_norm.ctypes.data, self._head, self._layer_array, self._embed_q,
         )  # fmt: skip
         self._work = np.empty(0, np.float32)
 
@@ -196,11 +230,15 @@ class NativeDecoder:
             return None
         if type(inner.norm) is not nn.RMSNorm:
             return None
-        if type(inner.embed_tokens) not in (nn.Embedding, PackedEmbedding) or inner.embed_tokens.weight.dtype != mx.float32:
+        embedding = inner.embed_tokens
+        if type(embedding) is not GGMLEmbedding and (type(embedding) not in (nn.Embedding, PackedEmbedding) or embedding.weight.dtype != mx.float32):
             return None
-        head_module = inner.embed_tokens if model.args.tie_word_embeddings else model.get("lm_head")
+        head_module = embedding if model.args.tie_word_embeddings else model.get("lm_head")
+        head: Weights | None
         if type(head_module) is PackedEmbedding:
             head = head_module._packed
+        elif type(head_module) is GGMLEmbedding:
+            head = ggml_weights(head_module)
         else:
             head = _packed(head_module) if head_module is not None and "bias" not in head_module else None
         if head is None or not _same_input([head]):
@@ -213,7 +251,7 @@ class NativeDecoder:
         for int8 in (True, False) if int8_first else (False,):
             decoder = cls(model, layers, head, int8)
             if decoder._matches(model):
-                log.info("native decode pass: %s build, %s activations", head.kernel.variant, "8-bit" if int8 else "float32")
+                log.info("native decode pass: %s build, %s activations%s", head.kernel.variant, "8-bit" if int8 else "float32", decoder.blocks)
                 return decoder
             log.warning("native forward pass (%s activations) disagrees with mlx on this model", "8-bit" if int8 else "float32")
         log.warning("decoding through mlx")
@@ -239,7 +277,7 @@ class NativeDecoder:
                     logits = model(step, cache=cache)
                     mx.eval(logits)
                     results[native].append(np.array(logits))
-        tolerance = INT8 if self.int8 else FLOAT32
+        tolerance = INT8 if self.int8 or self.blocks else FLOAT32
         return all(tolerance.agree(ours, ref) for ref, ours in zip(*results))
 
     # ---- the pass --------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
     `device.prepare_weights`). Raises ModelNotFoundError for a path that is
     neither a .gguf file nor a model folder.
     """
-    from .device import prepare_weights, resolve_weights
+    from .device import keeps_gguf_blocks, prepare_weights, resolve_weights
 
     resolve_weights(weights)  # reject a bad flag before the slow part
 
@@ -139,7 +139,7 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
     if path.is_file() and path.suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
-        module, tokenizer, info = load_gguf(path)
+        module, tokenizer, info = load_gguf(path, keep_blocks=keeps_gguf_blocks(weights))
     elif path.is_dir() and (path / "config.json").is_file():
         from .folder import load_folder
 

@@ -45,6 +45,12 @@ def resolve_weights(choice: str) -> str:
     return choice
 
 
+def keeps_gguf_blocks(choice: str) -> bool:
+    """Whether a GGUF's K-quant matrices stay the file's blocks (loading/ggml_blocks.py): with
+    "auto" on the CPU where the native kernels are built, as the packed copies below are kept."""
+    return choice == "auto" and on_cpu() and cpu_kernels() is not None
+
+
 def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: CpuKernels | None = None) -> int:
     """Replace QuantizedLinear/QuantizedEmbedding by dense layers in `dtype`.
 

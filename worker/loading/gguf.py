@@ -18,11 +18,14 @@ from typing import Any, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from . import UnsupportedModelError
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_vocab import UnsupportedTokenizerError
+from .gguf_header import read_header
 from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf
+from .ggml_blocks import KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
 from .info import ModelInfo
 from .tokenizer import Tokenizer
 
@@ -101,20 +104,69 @@ def _rename(contents: GGUFContents, arch: Architecture) -> dict[str, mx.array]:
     return weights
 
 
+# mlx-lm modules whose every matrix the native pass (engine/native_decode.py) can read as GGUF
+# blocks. Other architectures keep the converted layouts: through mlx alone, blocks would be
+# dequantized afresh at every decode step.
+_BLOCK_MODULES = frozenset({"llama", "qwen2", "qwen3"})
+
+
+def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
+    """The GGML types to keep as the file's blocks: none unless asked, the kernels are built and
+    the architecture decodes natively."""
+    if not keep_blocks:
+        return frozenset()
+    from ..native import cpu_kernels
+
+    try:
+        arch = ARCHITECTURES.get(str(read_header(path).metadata.get("general.architecture")))
+    except (OSError, ValueError):
+        return frozenset()  # read_gguf says what is wrong with the file
+    if arch is None or arch.module not in _BLOCK_MODULES or cpu_kernels() is None:
+        return frozenset()
+    return KEPT_TYPES
+
+
+def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, weights: Mapping[str, mx.array]) -> None:
+    """Put a GGMLLinear / GGMLEmbedding over each kept matrix's blocks where the model has its
+    Linear / Embedding (before load_weights, which then loads only the rest)."""
+    from ..native import cpu_kernels
+
+    kernel = cpu_kernels()
+    modules = dict(model.named_modules())
+    replaced: list[tuple[str, nn.Module]] = []
+    for name, (type_name, data, in_dims) in contents.blocks.items():
+        target = _mlx_name(name, arch.block_names)
+        if target is None or kernel is None:
+            continue
+        path = target[: -len(".weight")]
+        module = modules.get(path)
+        blocks = GGMLWeights(data, type_name, in_dims, kernel)
+        if isinstance(module, nn.Embedding):
+            replaced.append((path, GGMLEmbedding(blocks)))
+        elif isinstance(module, nn.Linear):
+            replaced.append((path, GGMLLinear(blocks, bias=f"{path}.bias" in weights)))
+        else:
+            raise UnsupportedModelError(f"tensor {name} ({type_name}) is not a matrix Kiln reads as blocks")
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+
+
 def _build(arch: Architecture, args: dict[str, Any]) -> nn.Module:
     models = importlib.import_module(f"mlx_lm.models.{arch.module}")
     return models.Model(models.ModelArgs.from_dict(args))
 
 
-def load_gguf(path: str | Path) -> tuple[nn.Module, Tokenizer, ModelInfo]:
+def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, Tokenizer, ModelInfo]:
     """Build the mlx-lm `Model`, our `Tokenizer` and `ModelInfo` from a GGUF file.
 
-    Quantized weights stay in mlx's quantized layout where the file's type has one;
-    `device.prepare_weights` decides later whether to dequantize them for the CPU.
+    With `keep_blocks` (the CPU worker with native kernels), Q4_K/Q6_K matrices of llama-family
+    models stay the file's blocks (ggml_blocks.py). Other quantized weights stay in mlx's
+    quantized layout where the file's type has one; `device.prepare_weights` decides later
+    whether to dequantize them for the CPU.
     """
     path = Path(path)
     try:
-        contents = read_gguf(path)
+        contents = read_gguf(path, _kept_types(path, keep_blocks))
     except UnsupportedTensorError as exc:
         raise UnsupportedModelError(str(exc)) from exc
     except ValueError as exc:
@@ -135,13 +187,14 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, Tokenizer, ModelInfo]:
 
     weights = _rename(contents, arch)
     try:
-        args = arch.model_args(md, has_output="output.weight" in contents.tensors)
+        args = arch.model_args(md, has_output="output.weight" in contents.tensors or "output.weight" in contents.blocks)
     except (KeyError, TypeError, ValueError) as exc:
         raise UnsupportedModelError(f"{path.name}: {arch.name} hyperparameters missing or invalid: {exc}") from exc
     model = _build(arch, args)
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)  # e.g. gemma3 drops its head when tied
     nn.quantize(model, class_predicate=lambda p, m: _quant_params(p, weights, m))
+    _use_blocks(model, contents, arch, weights)
     rope_factors = contents.tensors.get("rope_freqs.weight")
     if rope_factors is not None and arch.name == "llama":
         for layer in model.model.layers:

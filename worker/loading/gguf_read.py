@@ -44,19 +44,28 @@ class GGUFContents:
     tensors: dict[str, mx.array]
     metadata: dict[str, Any]
     types: Counter = field(default_factory=Counter)  # GGML type name -> tensor count
+    # Matrices kept as the file's blocks (GGUF name -> type name, (rows, row bytes) uint8 view of
+    # the memory-mapped file, weights per row); see ggml_blocks.py.
+    blocks: dict[str, tuple[str, np.ndarray, int]] = field(default_factory=dict)
+
+    def _became(self, name: str, detailed: bool = False) -> str:
+        kept = sum(1 for t, _, _ in self.blocks.values() if t == name)
+        if kept and kept == self.types[name]:
+            return "GGUF blocks (memory-mapped, native kernels)" if detailed else "GGUF blocks"
+        layout = gguf_quants.layout(name)
+        return (layout.describe() if detailed else layout.became) + (f"; {kept} kept as GGUF blocks" if kept else "")
 
     @property
     def conversions(self) -> dict[str, str]:
         """Stored quantized type -> what it became, e.g. {"Q4_K": "affine 4-bit g32", "Q6_K": "float16"}."""
-        return {name: gguf_quants.layout(name).became for name in sorted(self.types) if name not in gguf_quants.DENSE}
+        return {name: self._became(name) for name in sorted(self.types) if name not in gguf_quants.DENSE}
 
     def describe(self) -> str:
         """One line for the load log, e.g. 'F32 x 29, Q4_K x 70 -> affine 4-bit g32 (scales and
         mins rounded to float16), Q6_K x 15 -> float16 (dequantized: ...)'."""
         parts = []
         for name, count in sorted(self.types.items()):
-            became = gguf_quants.layout(name)
-            parts.append(f"{name} x {count}" + ("" if name in gguf_quants.DENSE else f" -> {became.describe()}"))
+            parts.append(f"{name} x {count}" + ("" if name in gguf_quants.DENSE else f" -> {self._became(name, detailed=True)}"))
         return ", ".join(parts)
 
 
@@ -88,8 +97,9 @@ def _raw(mapped: np.ndarray, info: TensorInfo, type_name: str) -> np.ndarray:
     return data.reshape(*rows, row_bytes)
 
 
-def read_gguf(path: str | Path) -> GGUFContents:
-    """Tensors (by GGUF name) and metadata of the file at `path`.
+def read_gguf(path: str | Path, keep: frozenset[str] = frozenset()) -> GGUFContents:
+    """Tensors (by GGUF name) and metadata of the file at `path`; matrices of the types in
+    `keep` stay the file's blocks (`GGUFContents.blocks`, views of the mapped file) instead.
 
     Raises UnsupportedTensorError naming the first tensor of an unknown type, and
     ValueError for a file that is not GGUF.
@@ -111,7 +121,7 @@ def read_gguf(path: str | Path) -> GGUFContents:
         types[type_name] += 1
         names[info.name] = type_name
 
-    if set(types) <= MX_NATIVE_TYPES:
+    if set(types) <= MX_NATIVE_TYPES and not keep & set(types):
         try:
             tensors, metadata = mx.load(str(path), return_metadata=True)
         except Exception as exc:
@@ -120,13 +130,16 @@ def read_gguf(path: str | Path) -> GGUFContents:
 
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     tensors: dict[str, mx.array] = {}
+    blocks: dict[str, tuple[str, np.ndarray, int]] = {}
     for info in header.tensors:
         type_name = names[info.name]
         data = _raw(mapped, info, type_name)
-        if type_name in gguf_quants.AFFINE:  # mlx's quantized triple, named as mx.load names it
+        if type_name in keep and len(info.shape) == 2:
+            blocks[info.name] = (type_name, data, int(info.shape[-1]))
+        elif type_name in gguf_quants.AFFINE:  # mlx's quantized triple, named as mx.load names it
             base = info.name[: -len(".weight")] if info.name.endswith(".weight") else info.name
             tensors.update({f"{base}.{part}": array for part, array in gguf_quants.repack(data, type_name).items()})
         else:
             tensors[info.name] = gguf_quants.dense(data, type_name)
-    del mapped
-    return GGUFContents(tensors, _metadata(header), types)
+    del mapped  # the kept blocks hold the mapping open
+    return GGUFContents(tensors, _metadata(header), types, blocks)

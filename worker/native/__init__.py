@@ -47,8 +47,8 @@ from .threads import TeamSize
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCE = HERE / "decode.c"  # includes qmatmul.c
-SOURCES = (HERE / "qmatmul.c", SOURCE)
+SOURCE = HERE / "decode.c"  # includes qmatmul.c and ggml.c
+SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", SOURCE)
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
 CACHE_ENV = "KILN_NATIVE_CACHE"
 PORTABLE_ENV = "KILN_NATIVE_PORTABLE"
@@ -114,6 +114,14 @@ class CpuKernels:
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
         library.kiln_threads.restype = i32
+        library.kiln_ggml_matmul.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
+        library.kiln_ggml_matmul.restype = i32
+        library.kiln_ggml_matmul_f32.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
+        library.kiln_ggml_matmul_f32.restype = i32
+        library.kiln_ggml_dequant.argtypes = [i32, i32, i32, ptr, ptr, ptr]
+        library.kiln_ggml_dequant.restype = None
+        library.kiln_ggml_row_bytes.argtypes = [i32, i64]
+        library.kiln_ggml_row_bytes.restype = i64
         # The forward pass's team: all `threads`, or one where that measures faster (threads.py).
         self.team = TeamSize(threads, self.set_threads, threads_fixed)
         self._owner: int | None = None  # the thread whose passes use the team (claim_team)
@@ -182,6 +190,41 @@ class CpuKernels:
         if status != 0:
             raise ValueError(f"kiln_qmm cannot multiply {rows}x{k} by {bits}-bit {n}x{k} (group {group_size})")
         return y
+
+
+    def ggml_row_bytes(self, type_id: int, k: int) -> int:
+        """Bytes of one row of k weights of GGML type ``type_id``, or -1 where the kernels do not
+        read that type (or k is not a whole number of its blocks)."""
+        return int(self._lib.kiln_ggml_row_bytes(type_id, k))
+
+    def ggml_matmul(self, x: np.ndarray, blocks: np.ndarray, type_id: int, k: int, exact: bool = False) -> np.ndarray:
+        """``x @ W.T`` for W stored as a GGUF's blocks of ``type_id`` (rows x row bytes, uint8),
+        with 8-bit activations and integer dot products, or (``exact``) float32 activations
+        against W dequantized in registers (ggml.c). x: (M, k) float32 C-contiguous, any M."""
+        rows = x.shape[0]
+        n = blocks.shape[0]
+        if self.ggml_row_bytes(type_id, k) != blocks.shape[1] or x.shape[1] != k or not blocks.flags.c_contiguous:
+            raise ValueError(f"GGML type {type_id} blocks of shape {blocks.shape} do not hold {k}-wide rows")
+        y = np.empty((rows, n), dtype=np.float32)
+        self.enter()
+        product = self._lib.kiln_ggml_matmul_f32 if exact else self._lib.kiln_ggml_matmul
+        if product(type_id, rows, n, k, blocks.ctypes.data, x.ctypes.data, y.ctypes.data) != 0:
+            raise MemoryError("kiln_ggml_matmul could not allocate its activations")
+        return y
+
+    def ggml_dequantize(self, blocks: np.ndarray, type_id: int, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Rows of W (all, or those ``rows`` names) as float32, bit-exact with gguf-py's
+        dequantize."""
+        if self.ggml_row_bytes(type_id, k) != blocks.shape[1] or not blocks.flags.c_contiguous:
+            raise ValueError(f"GGML type {type_id} blocks of shape {blocks.shape} do not hold {k}-wide rows")
+        picked = None if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        if picked is not None and picked.size and (picked.min() < 0 or picked.max() >= blocks.shape[0]):
+            raise IndexError("row index out of range")
+        n = blocks.shape[0] if picked is None else picked.size
+        out = np.empty((n, k), dtype=np.float32)
+        self.enter()
+        self._lib.kiln_ggml_dequant(type_id, n, k, blocks.ctypes.data, None if picked is None else picked.ctypes.data, out.ctypes.data)
+        return out
 
 
 def _compiler() -> str | None:

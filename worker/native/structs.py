@@ -20,9 +20,10 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 
 class QuantizedWeights(ctypes.Structure):
-    """kiln_qw: one packed matrix (mlx's affine 4- or 8-bit layout), and an optional bias."""
+    """kiln_qw: one packed matrix (mlx's affine 4- or 8-bit layout, or a GGUF's blocks of GGML
+    type ``type``), and an optional bias."""
 
-    _fields_ = [("q", _p), ("s", _p), ("b", _p), ("bias", _p), ("bits", ctypes.c_int), ("gs", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int)]
+    _fields_ = [("q", _p), ("s", _p), ("b", _p), ("bias", _p), ("bits", ctypes.c_int), ("gs", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int), ("type", ctypes.c_int)]
 
     @classmethod
     def of(cls, q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int, bias: np.ndarray | None = None) -> QuantizedWeights:
@@ -31,6 +32,17 @@ class QuantizedWeights(ctypes.Structure):
             bias = np.ascontiguousarray(bias, np.float32)
         out = cls(*(_ptr(a) for a in arrays), _ptr(bias), bits, group_size, q.shape[0], q.shape[1] * 8 // bits)
         out._keep = (arrays, bias)
+        return out
+
+    @classmethod
+    def of_blocks(cls, blocks: np.ndarray, type_id: int, in_dims: int, bias: np.ndarray | None = None) -> QuantizedWeights:
+        """A GGUF matrix's blocks ((rows, row bytes) uint8, read in place: never copied)."""
+        if not blocks.flags.c_contiguous:
+            raise ValueError("GGUF blocks must be one contiguous run of rows")
+        if bias is not None:
+            bias = np.ascontiguousarray(bias, np.float32)
+        out = cls(_ptr(blocks), None, None, _ptr(bias), 0, 0, blocks.shape[0], in_dims, type_id)
+        out._keep = (blocks, bias)
         return out
 
 
@@ -54,6 +66,7 @@ class Model(ctypes.Structure):
         ("final_norm", _p),
         ("head", QuantizedWeights),
         ("layers", ctypes.POINTER(Layer)),
+        ("embed_q", QuantizedWeights),  # the embedding's GGUF blocks where `embedding` is NULL
     ]
 
 

@@ -1,0 +1,246 @@
+"""The native kernels read a GGUF's own blocks (Q4_0, Q8_0, Q4_K, Q6_K) exactly as gguf-py's
+reference dequantizes them, and a Q4_K_M-style model decodes natively straight from its file.
+
+Bounds. Dequantization is bit-exact. A product takes 8-bit activations (per 32 values, scale
+max|x| / 127, rounded to nearest), and is then the product of the weights with those rounded
+activations x' up to float32 sums: within 1e-5 of sum_l |x'_l| B_l, B_l a bound on the
+magnitudes the integer sums of weight l's block reach (its scales times the quant range and
+zero point; see ``_block_bound``). Against the exact activations each x_l is off by at most
+half its block's scale, so the product is off by at most sum_l |w_l| d_l / 2 more.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+
+from kiln.worker import native
+
+TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
+# Byte offsets of each type's float16 block scales (d, and dmin for Q4_K).
+F16_FIELDS = {Q.Q4_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+
+
+@pytest.fixture(scope="module", params=[v.name for v in native.variants()])
+def kernel(request):
+    """Every build of the kernels this CPU runs (the portable one included)."""
+    compiler = native._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler for the native CPU kernels")
+    variant = next(v for v in native.variants() if v.name == request.param)
+    _, flags = native._cpu_flags()
+    if flags is not None and not variant.needs <= flags:
+        pytest.skip(f"this CPU lacks {variant.name}")
+    library = native._build(compiler, variant)
+    if not native._runs_here(library):
+        pytest.skip(f"{variant.name} does not run here")
+    return native.CpuKernels(ctypes.CDLL(str(library)), variant.name)
+
+
+def blocks(rng: np.random.Generator, qtype: Q, rows: int, k: int, scales: str = "random") -> np.ndarray:
+    """Random valid blocks: random bytes and float16 scales as asked ("random" 2^-16..2^-4 either
+    sign, "max" 65504, "min" the smallest subnormal, "zero"), or every byte 0x00 (scales
+    included) / every byte but the scales' 0xFF (the extreme quants and 6-bit scales)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    fill = {"zeros": 0, "ones": 255}.get(scales)
+    if fill is None:
+        out = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
+    else:
+        out = np.full((rows, k // block, size), fill, np.uint8)
+    for at in F16_FIELDS[qtype]:
+        shape = out.shape[:-1]
+        if scales == "random":
+            values = np.exp2(rng.uniform(-16, -4, size=shape)) * rng.choice([-1, 1], size=shape)
+        else:
+            values = np.full(shape, {"max": 65504.0, "min": 2.0**-24, "zero": 0.0, "zeros": 0.0, "ones": 2.0**-8}[scales])
+        out[..., at : at + 2] = values.astype(np.float16)[..., None].view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def _block_bound(b: np.ndarray, qtype: Q, k: int) -> np.ndarray:
+    """Per weight, a bound on the magnitudes one block's integer sums are scaled by."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    per = b.reshape(b.shape[0], -1, size)
+    f16 = [np.abs(per[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float64)) for at in F16_FIELDS[qtype]]
+    bound = {Q.Q4_0: lambda: f16[0] * 31, Q.Q8_0: lambda: f16[0] * 511, Q.Q4_K: lambda: f16[0] * 63 * 15 + f16[1] * 63,
+             Q.Q6_K: lambda: f16[0] * 128 * 127}[qtype]()  # fmt: skip
+    return np.repeat(bound, block, axis=-1)
+
+
+def rounded(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-bit activations' values x' and each value's block scale, as the kernels round."""
+    blocks32 = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks32).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    xi = np.rint(blocks32 * inv)
+    return (xi * d).reshape(x.shape).astype(np.float64), np.broadcast_to(d, blocks32.shape).reshape(x.shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", ["random", "max", "min", "zero", "zeros", "ones"])
+def test_dequantize_is_gguf_py_bit_for_bit(kernel, qtype, scales):
+    rng = np.random.default_rng(1)
+    b = blocks(rng, qtype, 9, 512, scales)
+    ref = quants.dequantize(b, qtype).astype(np.float32)
+    np.testing.assert_array_equal(kernel.ggml_dequantize(b, int(qtype), 512), ref)
+    np.testing.assert_array_equal(kernel.ggml_dequantize(b, int(qtype), 512, np.array([8, 0, 8])), ref[[8, 0, 8]])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", ["random", "max", "min", "zero", "zeros", "ones"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows):
+    rng = np.random.default_rng(2 + rows)
+    k = 768
+    b = blocks(rng, qtype, 13, k, scales)
+    w = quants.dequantize(b, qtype).astype(np.float64)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero activation block
+    x[-1, 32:64] *= 1e4  # and an outlier one
+    y = kernel.ggml_matmul(x, b, int(qtype), k).astype(np.float64)
+    xr, d = rounded(x)
+    slack = 1e-5 * (np.abs(xr) @ _block_bound(b, qtype, k).T) + 1e-30
+    assert np.all(np.abs(y - xr @ w.T) <= slack)
+    # Against the exact activations: each is off by at most half its block's scale.
+    assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= slack + (d / 2) @ np.abs(w).T * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 8, 11])
+def test_exact_product_is_dequantize_then_multiply(kernel, qtype, rows):
+    """The float32 product mlx's forward pass takes for a few rows: the reference product up to
+    the order of float32 sums."""
+    rng = np.random.default_rng(7 + rows)
+    b = blocks(rng, qtype, 13, 768)
+    w = quants.dequantize(b, qtype).astype(np.float64)
+    x = rng.standard_normal((rows, 768)).astype(np.float32)
+    y = kernel.ggml_matmul(x, b, int(qtype), 768, exact=True).astype(np.float64)
+    assert np.all(np.abs(y - x @ w.T) <= 1e-5 * (np.abs(x) @ np.abs(w).T))
+
+
+def test_types_and_widths_outside_the_loops_are_refused(kernel):
+    assert kernel.ggml_row_bytes(int(Q.Q4_K), 300) == -1  # not whole super-blocks
+    assert kernel.ggml_row_bytes(int(Q.Q5_K), 256) == -1  # not read in place (yet)
+    b = blocks(np.random.default_rng(0), Q.Q4_K, 2, 256)
+    with pytest.raises(ValueError):
+        kernel.ggml_matmul(np.zeros((1, 512), np.float32), b, int(Q.Q4_K), 512)
+
+
+# ---- whole models --------------------------------------------------------------------------
+
+_SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_md(gguf_path):
+    _, md = mx.load(str(gguf_path), return_metadata=True)
+    return md
+
+
+def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12):
+    from kiln.worker.loading import load_model
+
+    from .tiny_gguf import CONFIGS, write_pair
+
+    cfg = dict(CONFIGS[case], **_SHAPE)
+    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale)
+    return load_model(str(gguf_file))
+
+
+@pytest.mark.parametrize("case", ["llama", "mistral", "qwen2", "qwen3"])
+def test_q4_k_m_model_decodes_natively_from_its_blocks(tmp_path, tokenizer_md, case, caplog):
+    """A Q4_K_M-style file (Q4_K and Q6_K layers, a Q6_K embedding and head, 256 wide): every
+    matrix stays the file's blocks, nothing is dequantized to a float copy, and the native
+    decode pass takes the whole model (its build check against mlx passed, the log says)."""
+    from kiln.worker.engine.native_decode import NativeDecoder
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.loading.ggml_blocks import GGMLEmbedding, GGMLLinear
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    loaded = _load(tmp_path, tokenizer_md, case, "K")
+    model = loaded.model
+    assert loaded.info.extra["conversions"] == {"Q4_K": "GGUF blocks", "Q6_K": "GGUF blocks"}
+    assert type(model.model.embed_tokens) is GGMLEmbedding
+    kinds = [type(m) for _, m in model.named_modules()]
+    assert nn.Linear not in kinds and nn.Embedding not in kinds
+    assert kinds.count(GGMLLinear) == 7 * len(model.model.layers) + (case == "mistral")
+    # No mlx parameter is a matrix: the weights live in the mapped file only.
+    from mlx.utils import tree_flatten
+
+    assert all(v.ndim == 1 for _, v in tree_flatten(model.parameters()))
+    with caplog.at_level(logging.INFO, logger="kiln.worker.engine.native_decode"):
+        decoder = NativeDecoder.build(model)
+    assert decoder is not None
+    head = 9 if case == "mistral" else 8  # the untied head is one more Q6_K matrix
+    assert f"GGUF blocks: Q4_K x 14, Q6_K x {head}" in caplog.text
+
+
+@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_model_in_each_type_matches_mlx_step_by_step(tmp_path, tokenizer_md, quant, monkeypatch):
+    """A tiny llama stored in one type (every matrix, embedding and head included), kept as
+    blocks: the native pass's logits equal mlx's forward pass (which multiplies the exactly
+    dequantized blocks) within the build check's INT8 tolerance, over batched steps."""
+    from kiln.worker.engine.native_decode import INT8, NativeDecoder
+    from kiln.worker.loading import gguf as gguf_loader
+    from kiln.worker.loading.device import keeps_gguf_blocks
+
+    from .test_native import prefilled, prompts_for
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    monkeypatch.setattr(gguf_loader, "KEPT_TYPES", frozenset({quant}))
+    if quant.endswith("_K"):
+        # Q6_K's signed 8-bit scales times (q - 32) span ~8x Q4_K's: a smaller d keeps the random
+        # model's activations as tame as the others'.
+        loaded = _load(tmp_path, tokenizer_md, "llama", "K", k_types=(Q[quant],), k_scale=2.0**-15 if quant == "Q6_K" else 2.0**-12)
+    else:
+        loaded = _load(tmp_path, tokenizer_md, "llama", quant)
+    model = loaded.model
+    assert loaded.info.extra["conversions"] == {quant: "GGUF blocks"}
+    decoder = NativeDecoder.build(model)
+    assert decoder is not None and f"GGUF blocks: {quant} x" in decoder.blocks
+    vocab = model.model.embed_tokens.num_embeddings
+    prompts = prompts_for(3, vocab)
+    ref_cache, ours_cache = prefilled(model, prompts), prefilled(model, prompts)
+    step = mx.array([[(3 * r + 11 * t + 5) % vocab for t in range(3)] for r in range(3)])
+    for _ in range(4):
+        ref = np.array(model(step, cache=ref_cache))
+        ours = decoder.forward(step, ours_cache)
+        assert INT8.agree(ours, ref)
+        step = mx.array(ref[:, -1].argmax(-1)[:, None])
+
+
+def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md):
+    """End to end in the engine: the scheduler takes the native pass for a Q4_K_M-style file, a
+    short prompt prefills natively, a long one in chunks through mlx (dequantized pieces), and
+    greedy decoding from both matches mlx-lm's own generation on the same model's first token
+    (the later ones may differ by a near tie: 8-bit activations)."""
+    from kiln.worker.engine.scheduler import Scheduler
+    from kiln.worker.loading.device import keeps_gguf_blocks
+
+    from .test_engine import Run, reference
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    model = _load(tmp_path, tokenizer_md, "llama", "K").model
+    vocab = model.model.embed_tokens.num_embeddings
+    s = Scheduler(model, cache_bytes=0, max_batch=4, prefill_chunk=64)
+    s.start()
+    try:
+        prompts = [[(7 * j + 1) % vocab for j in range(9)], [(13 * j + 5) % vocab for j in range(300)]]
+        runs = [Run(p, temperature=0, max_tokens=6).submit(s) for p in prompts]
+        for p, r in zip(prompts, runs):
+            assert len(r.wait(timeout=300).tokens) == 6
+            assert r.tokens[0] == reference(model, p, 1)[0]
+        assert s._batch.native is not None and "Q4_K" in s._batch.native.blocks
+    finally:
+        s.stop()

@@ -1,0 +1,120 @@
+"""A GGUF's quantized matrices kept as the file's own blocks, for the CPU worker.
+
+Why: a Q4_K_M GGUF (Q4_K plus Q6_K) used to become mlx's affine 4-bit layout and float16, and
+then, on the CPU, a float32 copy of every matrix for mlx's BLAS prefill plus a packed copy for
+the native decode kernels: a 669 MB 1B-shaped file took 5.3 GB. Here a matrix of a type the
+native kernels read (worker/native/ggml.c: Q4_0, Q8_0, Q4_K, Q6_K) stays the file's bytes,
+memory-mapped (pages the kernel may drop and re-read, shared with the page cache, as llama.cpp
+maps its files), and nothing else holds its values:
+
+- the native whole-step pass (engine/native_decode.py) multiplies those blocks in place with
+  8-bit activations;
+- mlx's own forward pass (prefill chunks, the fallback, the native pass's build check) goes
+  through ``GGMLLinear`` / ``GGMLEmbedding``, which compute dequantize-then-multiply in float32
+  (the dequantization bit-exact with gguf-py's reference), so mlx's result is the exact
+  reference the native pass is checked against: up to ``EXACT_KERNEL_MAX_ROWS`` rows in one C
+  pass that dequantizes each group in registers (dequantizing every matrix into memory for a
+  few rows made a pass ~40x a decode step, and the build check runs several), more rows (a long
+  prompt's chunk) from dequantized pieces multiplied with BLAS. No full float copy ever exists.
+
+The blocks are not mlx parameters: nothing in mlx sees them or copies them.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..native import CpuKernels
+
+# GGML type ids of the types the native kernels read in place (gguf's GGMLQuantizationType).
+TYPE_IDS: dict[str, int] = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+# Types the CPU worker keeps as blocks. Q4_0 and Q8_0 files keep mlx's affine layout for now:
+# their affine kernels are the tuned ones the bundled model decodes with.
+KEPT_TYPES = frozenset({"Q4_K", "Q6_K"})
+# Floats of one dequantized piece when mlx multiplies (32 MB): what a prefill adds at most.
+_PIECE_FLOATS = 1 << 23
+# Rows up to which a product inside mlx's graph dequantizes in registers (reading the weights
+# once per 8 rows) rather than into pieces for BLAS.
+EXACT_KERNEL_MAX_ROWS = 32
+
+
+class GGMLWeights:
+    """One matrix as a GGUF stores it: ``out_dims`` rows of ``in_dims`` weights in blocks."""
+
+    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels) -> None:
+        self.blocks = blocks  # (out_dims, row bytes) uint8, a view of the memory-mapped file
+        self.type_name = type_name
+        self.type_id = TYPE_IDS[type_name]
+        self.in_dims = in_dims
+        self.out_dims = blocks.shape[0]
+        self.kernel = kernel
+        if kernel.ggml_row_bytes(self.type_id, in_dims) != blocks.shape[1]:
+            raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
+
+    def dequantize(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """Rows (all, or those named) as float32."""
+        return self.kernel.ggml_dequantize(self.blocks, self.type_id, self.in_dims, rows)
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """x (rows, in) @ W.T through the integer kernel (8-bit activations)."""
+        return self.kernel.ggml_matmul(np.ascontiguousarray(x, dtype=np.float32), self.blocks, self.type_id, self.in_dims)
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """x @ W.T in float32 inside an mlx forward pass, dequantize-then-multiply: in registers
+        for a few rows, else from dequantized pieces of W, each piece's product evaluated before
+        the next exists."""
+        mx.eval(x)
+        flat = x.reshape(-1, self.in_dims).astype(mx.float32)
+        if flat.shape[0] <= EXACT_KERNEL_MAX_ROWS:
+            mx.eval(flat)
+            rows = np.ascontiguousarray(np.asarray(flat))
+            y = self.kernel.ggml_matmul(rows, self.blocks, self.type_id, self.in_dims, exact=True)
+            return mx.array(y).reshape(*x.shape[:-1], self.out_dims)
+        step = max(1, _PIECE_FLOATS // self.in_dims)
+        parts = []
+        for start in range(0, self.out_dims, step):
+            piece = mx.array(self.kernel.ggml_dequantize(self.blocks[start : start + step], self.type_id, self.in_dims))
+            part = flat @ piece.T
+            mx.eval(part)
+            parts.append(part)
+        y = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+        return y.reshape(*x.shape[:-1], self.out_dims)
+
+
+class GGMLLinear(nn.Module):
+    """nn.Linear over a GGUF's blocks (see the module docstring)."""
+
+    def __init__(self, weights: GGMLWeights, bias: bool = False) -> None:
+        super().__init__()
+        self._ggml = weights
+        if bias:
+            self.bias = mx.zeros((weights.out_dims,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self._ggml.matmul(x)
+        return y + self.bias if "bias" in self else y
+
+
+class GGMLEmbedding(nn.Module):
+    """nn.Embedding over a GGUF's blocks: a lookup dequantizes only the rows it reads."""
+
+    def __init__(self, weights: GGMLWeights) -> None:
+        super().__init__()
+        self._ggml = weights
+        self.num_embeddings = weights.out_dims
+        self.dims = weights.in_dims
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        mx.eval(ids)
+        rows = self._ggml.dequantize(np.asarray(ids).reshape(-1))
+        return mx.array(rows).reshape(*ids.shape, self.dims)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._ggml.matmul(x)
+
+
+def ggml_weights(module: nn.Module) -> GGMLWeights | None:
+    """The blocks behind a GGMLLinear or GGMLEmbedding, else None."""
+    return module._ggml if type(module) in (GGMLLinear, GGMLEmbedding) else None

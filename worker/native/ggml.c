@@ -1,0 +1,391 @@
+/* Products straight from a GGUF file's own quantized blocks (Q4_0, Q8_0, Q4_K, Q6_K), against
+ * 8-bit activations, with integer dot products.
+ *
+ * Why: a downloaded GGUF (Q4_K_M mixes Q4_K and Q6_K) used to be repacked into mlx's affine
+ * layout where one matched and dequantized to float16 where none did (Q6_K, groups of 16), then
+ * the CPU worker kept a float32 copy of every matrix beside a packed one: a 669 MB file took
+ * 5.3 GB. Here the worker keeps the file's blocks as they are (memory-mapped) and every product
+ * reads them in place, as llama.cpp does.
+ *
+ * One form covers every type: each run of 32 weights (a "group") is 32 unsigned integers u,
+ * two integer multipliers c0, c1 (for weights 0-15 and 16-31), a float block scale f, a zero
+ * point z and a float offset mt, and weight l is
+ *     w_l = f * c_h * (u_l - z) - mt          (h = l / 16)
+ * | type | group                  | u                    | c0, c1        | f  | z   | mt       |
+ * | Q4_0 | the block              | nibble               | 1, 1          | d  | 8   | 0        |
+ * | Q8_0 | the block              | q + 128 (q ^ 0x80)   | 1, 1          | d  | 128 | 0        |
+ * | Q4_K | 1 of 8 per super-block | nibble               | sc_j, sc_j    | d  | 0   | dmin m_j |
+ * | Q6_K | 1 of 8 per super-block | 4 low + 2 high bits  | sc_2i, sc_2i+1 (signed) | d | 32 | 0 |
+ * Activations are quantized per block of 32 (dx = max|x| / 127, xi = round(x / dx)), and with
+ * S_h = sum u_l xi_l and I_h = sum xi_l over half h of the group,
+ *     sum_l w_l x_l ~= dx * (f * sum_h c_h (S_h - z I_h) - mt (I_0 + I_1))
+ * exactly the product of the weights with the rounded activations (llama.cpp's Q8_0/Q8_K
+ * activations do the same; its blocks of 256 for the K types share one activation scale, here
+ * every 32 values have their own, which is finer). The dequantization below computes w_l in
+ * that order in float32, as gguf-py's reference does, so it is bit-exact with it.
+ *
+ * Included by decode.c after its activation struct; the AVX2 loops serve the AVX2, AVX-VNNI and
+ * AVX-512 VNNI builds (the latter two through vpdpbusd), portable C the others.
+ */
+
+enum { KILN_AFFINE = 0, KILN_Q4_0 = 2, KILN_Q8_0 = 8, KILN_Q4_K = 12, KILN_Q6_K = 14 };
+
+/* Bytes of one row of K weights of `type`, or -1 for a type or width the loops do not take. */
+long kiln_ggml_row_bytes(int type, long K) {
+    switch (type) {
+    case KILN_Q4_0: return K % 32 ? -1 : K / 32 * 18;
+    case KILN_Q8_0: return K % 32 ? -1 : K / 32 * 34;
+    case KILN_Q4_K: return K % 256 ? -1 : K / 256 * 144;
+    case KILN_Q6_K: return K % 256 ? -1 : K / 256 * 210;
+    }
+    return -1;
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
+/* Group g of a row: everything but u (see the table above). */
+typedef struct {
+    float f, mt;
+    int c0, c1, z;
+    const uint8_t *src; /* where u's bytes start (the meaning depends on the type) */
+    int shift;          /* Q4_K: 0 low nibbles / 4 high; Q6_K: which of 4 groups in its half */
+    const uint8_t *qh;  /* Q6_K: the high bits */
+} kiln_group;
+
+static inline kiln_group group_of(int type, const uint8_t *row, int g) {
+    kiln_group G = {0};
+    if (type == KILN_Q4_0 || type == KILN_Q8_0) {
+        const uint8_t *b = row + (size_t)g * (type == KILN_Q4_0 ? 18 : 34);
+        G.f = f16_at(b);
+        G.c0 = G.c1 = 1;
+        G.z = type == KILN_Q4_0 ? 8 : 128;
+        G.src = b + 2;
+    } else if (type == KILN_Q4_K) {
+        const uint8_t *b = row + (size_t)(g / 8) * 144, *s = b + 4;
+        int j = g % 8, sc, mn;
+        if (j < 4) {
+            sc = s[j] & 63;
+            mn = s[j + 4] & 63;
+        } else {
+            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        G.f = f16_at(b);
+        G.mt = f16_at(b + 2) * (float)mn;
+        G.c0 = G.c1 = sc;
+        G.src = b + 16 + 32 * (j / 2);
+        G.shift = 4 * (j % 2);
+    } else { /* Q6_K: ql[128], qh[64], scales[16] (int8), d */
+        const uint8_t *b = row + (size_t)(g / 8) * 210;
+        int j = g % 8, h = j / 4, i = j % 4;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * i;
+        G.f = f16_at(b + 208);
+        G.c0 = sc[0];
+        G.c1 = sc[1];
+        G.z = 32;
+        G.src = b + 64 * h + 32 * (i & 1);
+        G.shift = i;
+        G.qh = b + 128 + 32 * h;
+    }
+    return G;
+}
+
+static inline void group_u(int type, const kiln_group *G, uint8_t u[32]) {
+    for (int l = 0; l < 32; l++) {
+        switch (type) {
+        case KILN_Q4_0: u[l] = l < 16 ? G->src[l] & 15 : G->src[l - 16] >> 4; break;
+        case KILN_Q8_0: u[l] = G->src[l] ^ 0x80; break;
+        case KILN_Q4_K: u[l] = (G->src[l] >> G->shift) & 15; break;
+        default: u[l] = (uint8_t)(((G->src[l] >> (4 * (G->shift >> 1))) & 15) | (((G->qh[l] >> (2 * G->shift)) & 3) << 4));
+        }
+    }
+}
+
+#if defined(__AVX2__)
+static inline __m256i group_u256(int type, const kiln_group *G);
+#endif
+
+/* Group g of a row as 32 float32 weights, bit-exact with gguf-py's dequantize: never
+ * contracted into fused multiply-adds (numpy rounds twice). */
+__attribute__((optimize("fp-contract=off"))) static inline void ggml_dequant_group(int type, const uint8_t *row, int g, float *o) {
+    kiln_group G = group_of(type, row, g);
+    float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
+    uint8_t u[32];
+#if defined(__AVX2__)
+    _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
+    const __m256i zv = _mm256_set1_epi32(G.z);
+    const __m256 mv = _mm256_set1_ps(G.mt);
+    for (int e = 0; e < 4; e++) {
+        __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 8 * e))), zv);
+        __m256 p = _mm256_mul_ps(_mm256_set1_ps(e < 2 ? s0 : s1), _mm256_cvtepi32_ps(v));
+        _mm256_storeu_ps(o + 8 * e, _mm256_sub_ps(p, mv));
+    }
+#else
+    group_u(type, &G, u);
+    for (int l = 0; l < 32; l++) o[l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
+#endif
+}
+
+/* Rows of K weights as float32 (bit-exact with gguf-py's dequantize); rows[i] picks the row
+ * (NULL: rows 0 .. n - 1). */
+void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *rows, float *out) {
+    long rb = kiln_ggml_row_bytes(type, K);
+#pragma omp parallel for schedule(static) if ((long)n * K >= (1L << 20))
+    for (int r = 0; r < n; r++) {
+        const uint8_t *row = q + (size_t)(rows ? rows[r] : r) * rb;
+        for (int g = 0; g < K / 32; g++) ggml_dequant_group(type, row, g, out + (size_t)r * K + g * 32);
+    }
+}
+
+/* y (M, N) = x (M, K) @ W.T in float32, each group of W dequantized in registers exactly as
+ * kiln_ggml_dequant does: dequantize-then-multiply up to the order of float sums, reading W
+ * once for all M rows. mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
+ * reference the native pass is checked against, without a float copy of W. */
+int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
+    long rb = kiln_ggml_row_bytes(type, K);
+    if (M < 1 || rb < 0) return -1;
+    int parallel = (long)M * N * K >= parallel_macs;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int o = 0; o < N; o++) {
+        const uint8_t *row = q + (size_t)o * rb;
+        for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS) {
+            int rows = M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS;
+            float acc[KILN_QMM_MAX_ROWS][32];
+            memset(acc, 0, sizeof acc);
+            float w[32];
+            for (int g = 0; g < K / 32; g++) {
+                ggml_dequant_group(type, row, g, w);
+                for (int m = 0; m < rows; m++) {
+                    const float *xm = x + (size_t)(m0 + m) * K + g * 32;
+                    for (int l = 0; l < 32; l++) acc[m][l] += w[l] * xm[l];
+                }
+            }
+            for (int m = 0; m < rows; m++) {
+                float t = 0.f;
+                for (int l = 0; l < 32; l++) t += acc[m][l];
+                y[(size_t)(m0 + m) * N + o] = t;
+            }
+        }
+    }
+    return 0;
+}
+
+/* x (K floats) as 8-bit values per block of 32 (natural order), their scales, and the sum of
+ * each 16 of them. */
+static void ggml_quantize_row(int K, const float *x, int8_t *xq, float *d, int32_t *isum) {
+    for (int blk = 0; blk < K / 32; blk++) {
+        const float *xb = x + blk * 32;
+        float amax = 0.f;
+        for (int j = 0; j < 32; j++) {
+            float v = fabsf(xb[j]);
+            amax = v > amax ? v : amax;
+        }
+        float id = amax > 0.f ? 127.f / amax : 0.f;
+        d[blk] = amax / 127.f;
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)lrintf(xb[j] * id);
+            xq[blk * 32 + j] = (int8_t)v;
+            if (j < 16) s0 += v;
+            else s1 += v;
+        }
+        isum[2 * blk] = s0;
+        isum[2 * blk + 1] = s1;
+    }
+}
+
+#if defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GGML_DOT(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define GGML_DOT(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else /* pairs of u8 x s8 products: |u - z| <= 128 and |xi| <= 127 never saturate int16 */
+#define GGML_DOT(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+
+static inline float ggml_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256i group_u256(int type, const kiln_group *G) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    switch (type) {
+    case KILN_Q4_0: {
+        __m128i v = _mm_loadu_si128((const __m128i *)G->src), m = _mm_set1_epi8(15);
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    }
+    case KILN_Q8_0:
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)G->src), _mm256_set1_epi8((char)0x80));
+    case KILN_Q4_K: {
+        __m256i v = _mm256_loadu_si256((const __m256i *)G->src);
+        return _mm256_and_si256(G->shift ? _mm256_srli_epi16(v, 4) : v, low4);
+    }
+    default: {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)G->src), hi = _mm256_loadu_si256((const __m256i *)G->qh);
+        lo = _mm256_and_si256(G->shift >= 2 ? _mm256_srli_epi16(lo, 4) : lo, low4);
+        __m128i cnt = _mm_cvtsi32_si128(2 * G->shift);
+        hi = _mm256_and_si256(_mm256_srl_epi16(hi, cnt), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    }
+    }
+}
+
+/* Types with a zero point multiply signed weights (u - z, |u - z| <= 128) as |u - z| by
+ * sign(u - z) * xi, which vpdpbusd / maddubs take as unsigned x signed bytes without the zero
+ * point's correction; Q4_K's offset is added per group from the activations' sums. */
+static inline __attribute__((always_inline)) void ggml_tile(const int M, const kiln_qw *w, int o, const kiln_act *a, int m0, float *y, long ldy) {
+    const int K = w->k, type = w->type;
+    const uint8_t *row = w->q + (size_t)o * kiln_ggml_row_bytes(type, K);
+    __m256 acc[KILN_QMM_MAX_ROWS];
+    float extra[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) {
+        acc[m] = _mm256_setzero_ps();
+        extra[m] = 0.f;
+    }
+    if (type == KILN_Q4_K) { /* the common case, by super-block: scales decoded once per 8 groups */
+        const __m256i low4 = _mm256_set1_epi8(15);
+        for (int sb = 0; sb < K / 256; sb++) {
+            const uint8_t *b = row + (size_t)sb * 144;
+            float sc[8], mt[8];
+            for (int j = 0; j < 8; j++) {
+                kiln_group G = group_of(KILN_Q4_K, b, j);
+                sc[j] = G.f * (float)G.c0;
+                mt[j] = G.mt;
+            }
+            for (int j2 = 0; j2 < 4; j2++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j2));
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                const int g = sb * 8 + 2 * j2;
+                for (int m = 0; m < M; m++) {
+                    const long r = m0 + m;
+                    const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
+                    const __m256i i0 = GGML_DOT(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)xq));
+                    const __m256i i1 = GGML_DOT(_mm256_setzero_si256(), hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+                    const float dx0 = a->gd[r * a->gd_ld + g], dx1 = a->gd[r * a->gd_ld + g + 1];
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(sc[2 * j2] * dx0), acc[m]);
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(sc[2 * j2 + 1] * dx1), acc[m]);
+                    const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                    extra[m] -= dx0 * mt[2 * j2] * (float)(is[0] + is[1]) + dx1 * mt[2 * j2 + 1] * (float)(is[2] + is[3]);
+                }
+            }
+        }
+        for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
+        return;
+    }
+    for (int g = 0; g < K / 32; g++) {
+        kiln_group G = group_of(type, row, g);
+        const __m256i u = group_u256(type, &G);
+        const __m256i sw = _mm256_sub_epi8(u, _mm256_set1_epi8((char)G.z)); /* u - z, signed */
+        const __m256i au = G.z ? _mm256_abs_epi8(sw) : u;
+        const __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const __m256i xi = _mm256_loadu_si256((const __m256i *)(a->gq + r * a->gq_ld + g * 32));
+            const __m256i i = GGML_DOT(_mm256_setzero_si256(), au, G.z ? _mm256_sign_epi8(xi, sw) : xi);
+            const float dx = a->gd[r * a->gd_ld + g];
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(cv, _mm256_set1_ps(dx)), acc[m]);
+            if (G.mt != 0.f) {
+                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                extra[m] -= dx * G.mt * (float)(is[0] + is[1]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
+}
+#else
+static inline __attribute__((always_inline)) void ggml_tile(const int M, const kiln_qw *w, int o, const kiln_act *a, int m0, float *y, long ldy) {
+    const int K = w->k, type = w->type;
+    const uint8_t *row = w->q + (size_t)o * kiln_ggml_row_bytes(type, K);
+    float acc[KILN_QMM_MAX_ROWS] = {0};
+    uint8_t u[32];
+    for (int g = 0; g < K / 32; g++) {
+        kiln_group G = group_of(type, row, g);
+        group_u(type, &G, u);
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const int8_t *xi = a->gq + r * a->gq_ld + g * 32;
+            int32_t s0 = 0, s1 = 0;
+            for (int l = 0; l < 16; l++) s0 += (int32_t)u[l] * xi[l];
+            for (int l = 16; l < 32; l++) s1 += (int32_t)u[l] * xi[l];
+            const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+            float t = G.f * ((float)G.c0 * (float)(s0 - G.z * is[0]) + (float)G.c1 * (float)(s1 - G.z * is[1])) - G.mt * (float)(is[0] + is[1]);
+            acc[m] += a->gd[r * a->gd_ld + g] * t;
+        }
+    }
+    for (int m = 0; m < M; m++) y[m * ldy] = acc[m];
+}
+#endif
+
+/* y (M, N) = x (M, K) @ W.T for W's N rows of `type` blocks, with 8-bit activations (any M).
+ * Returns 0, or -1 for a type or width the loops do not take, -2 when out of memory. */
+int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
+    if (M < 1 || kiln_ggml_row_bytes(type, K) < 0) return -1;
+    int8_t *xq = malloc((size_t)M * K);
+    float *d = malloc(sizeof(float) * (size_t)M * (K / 32));
+    int32_t *is = malloc(sizeof(int32_t) * (size_t)M * (K / 16));
+    if (!xq || !d || !is) {
+        free(xq); free(d); free(is);
+        return -2;
+    }
+    kiln_act a = {.M = M, .K = K, .type = type, .gq = xq, .gd = d, .gsum = is, .gq_ld = K, .gd_ld = K / 32, .gsum_ld = K / 16};
+    for (int m = 0; m < M; m++) ggml_quantize_row(K, x + (size_t)m * K, xq + (size_t)m * K, d + (size_t)m * (K / 32), is + (size_t)m * (K / 16));
+    kiln_qw w = {.q = q, .n = N, .k = K, .type = type};
+    int parallel = (long)M * N * K >= parallel_macs;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int o = 0; o < N; o++)
+        for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS) {
+            int rows = M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS;
+            ggml_tile(rows, &w, o, &a, m0, y + (size_t)m0 * N + o, N);
+        }
+    free(xq); free(d); free(is);
+    return 0;
+}
+
+/* 0 where this build's products of each type equal the plain sum over the scalar decoding of
+ * the same blocks (for kiln_selftest: a variant whose vector loops disagree is not used). The
+ * activations are integers with 127 in every block, so their 8-bit form is exact. */
+static int ggml_selftest(void) {
+    enum { K = 256 };
+    static const int types[] = {KILN_Q4_0, KILN_Q8_0, KILN_Q4_K, KILN_Q6_K};
+    uint8_t row[K / 32 * 34];
+    float x[K];
+    int8_t xq[K];
+    float d[K / 32];
+    int32_t is[K / 16];
+    for (int i = 0; i < K; i++) x[i] = i % 32 ? (float)((i * 37) % 255 - 127) : 127.f;
+    for (int t = 0; t < 4; t++) {
+        int type = types[t];
+        long rb = kiln_ggml_row_bytes(type, K);
+        for (long i = 0; i < rb; i++) row[i] = (uint8_t)((i * 101 + 7 * t) % 256);
+        /* float16 scales: 1/64 (and dmin 1/128) where the type has them */
+        const uint16_t s1 = 0x2400, s2 = 0x2000;
+        if (type == KILN_Q4_K) { memcpy(row, &s1, 2); memcpy(row + 2, &s2, 2); }
+        else if (type == KILN_Q6_K) memcpy(row + 208, &s1, 2);
+        else for (int b = 0; b < K / 32; b++) memcpy(row + b * (type == KILN_Q4_0 ? 18 : 34), &s1, 2);
+        double ref = 0.0, mag = 0.0;
+        uint8_t u[32];
+        for (int g = 0; g < K / 32; g++) {
+            kiln_group G = group_of(type, row, g);
+            group_u(type, &G, u);
+            for (int l = 0; l < 32; l++) {
+                double w = (double)G.f * (l < 16 ? G.c0 : G.c1) * ((int)u[l] - G.z) - G.mt;
+                ref += w * x[g * 32 + l];
+                mag += fabs(w * x[g * 32 + l]);
+            }
+        }
+        ggml_quantize_row(K, x, xq, d, is);
+        kiln_act a = {.M = 1, .K = K, .type = type, .gq = xq, .gd = d, .gsum = is, .gq_ld = K, .gd_ld = K / 32, .gsum_ld = K / 16};
+        kiln_qw w = {.q = row, .n = 1, .k = K, .type = type};
+        float y = 0.f;
+        ggml_tile(1, &w, 0, &a, 0, &y, 1);
+        if (fabs(y - ref) > 1e-5 * mag + 1e-6) return 1;
+    }
+    return 0;
+}
