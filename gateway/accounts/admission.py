@@ -86,7 +86,7 @@ class HostedTicket:
         """Extend the reservation to ``body`` as it will be sent (history, conversation, socket
         state and item references expanded), before any work: admission only saw the request's
         own body, and a short body continuing a long transcript costs the transcript. 402 when
-        the balance is not above zero for the difference."""
+        the balance before this request's reservation is not above zero (Meter.top_up)."""
         if self._settled:  # a token count's ticket: nothing reserved, nothing to extend
             return
         inp, out = _reservation_tokens(body, window)
@@ -94,7 +94,7 @@ class HostedTicket:
         extra = self.accounts.meter.price_nanos(self.model, inp, out) - self.reserved_nanos
         if extra <= 0:
             return
-        if not await self.accounts.top_up(self.generation_id, self.principal.org_id, extra):
+        if not await self.accounts.top_up(self.generation_id, self.principal.org_id, extra, self.reserved_nanos):
             raise _no_credits()
         self.reserved_nanos += extra
 

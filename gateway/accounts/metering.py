@@ -256,15 +256,18 @@ class Meter:
             )
         return True
 
-    async def top_up(self, generation_id: str, org_id: int, extra_nanos: int) -> bool:
+    async def top_up(self, generation_id: str, org_id: int, extra_nanos: int, reserved_nanos: int = 0) -> bool:
         """Debit ``extra_nanos`` more for a pending request (its worst case grew once its history
-        was expanded) and add it to its row, if the balance is above zero right now; False
-        (nothing written) when it is not, or when the row is no longer pending."""
+        was expanded) and add it to its row, if the balance without the request's own reservation
+        (``reserved_nanos``) is above zero right now: the same rule admission applied to that
+        reservation, so the requests admitted together while the balance was positive (the last of
+        which may have taken it below zero) are not refused for growing; False (nothing written)
+        when it is not, or when the row is no longer pending."""
         extra_nanos = max(0, int(extra_nanos))
         async with self._db.engine.begin() as conn:
             debit = await conn.execute(
                 organizations.update()
-                .where(organizations.c.id == org_id, organizations.c.credits_nanousd > 0)
+                .where(organizations.c.id == org_id, organizations.c.credits_nanousd + int(reserved_nanos) > 0)
                 .values(credits_nanousd=organizations.c.credits_nanousd - extra_nanos)
             )
             if debit.rowcount != 1:

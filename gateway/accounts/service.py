@@ -157,9 +157,10 @@ class Accounts:
         """Debit a request's worst case and write its pending row, while the balance is above zero."""
         return await self._write(lambda meter: meter.reserve(pending, reserve_nanos), pending.generation_id)
 
-    async def top_up(self, generation_id: str, org_id: int, extra_nanos: int) -> bool:
-        """Reserve ``extra_nanos`` more for a pending request, while the balance is above zero."""
-        return await self._write(lambda meter: meter.top_up(generation_id, org_id, extra_nanos), generation_id)
+    async def top_up(self, generation_id: str, org_id: int, extra_nanos: int, reserved_nanos: int = 0) -> bool:
+        """Reserve ``extra_nanos`` more for a pending request that holds ``reserved_nanos``, while
+        the balance without that reservation is above zero (Meter.top_up)."""
+        return await self._write(lambda meter: meter.top_up(generation_id, org_id, extra_nanos, reserved_nanos), generation_id)
 
     async def settle(self, record: UsageRecord, reserved_nanos: int) -> UsageEvent:
         """Turn a request's pending row into its final one and refund the unused reservation."""

@@ -18,7 +18,9 @@ def test_orgs_cannot_reach_each_others_responses(tmp_path):
     server = Kiln(tmp_path, gateway_args=["--auth", "keys", "--database-url", url, "--catalog", str(catalog)], worker_args=WORKER_ARGS).start(timeout=90)
     try:
         with httpx.Client(base_url=server.base_url, timeout=60) as c:
-            mine = c.post("/v1/responses", json={"model": MODEL, "input": "secret", "max_output_tokens": 4, "conversation": "shared-name"}, headers=auth(a))
+            # A conversation is created first (an unknown id on create is a 404, as OpenAI does).
+            alphas = c.post("/v1/conversations", json={}, headers=auth(a)).json()["id"]
+            mine = c.post("/v1/responses", json={"model": MODEL, "input": "secret", "max_output_tokens": 4, "conversation": alphas}, headers=auth(a))
             assert mine.status_code == 200, mine.text
             rid = mine.json()["id"]
             assert c.get(f"/v1/responses/{rid}", headers=auth(a)).status_code == 200
@@ -31,9 +33,15 @@ def test_orgs_cannot_reach_each_others_responses(tmp_path):
                 assert r.status_code == 404, r.text
             chained = c.post("/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": rid}, headers=auth(b))
             assert chained.status_code == 400
-            theirs = c.post("/v1/responses", json={"model": MODEL, "input": "hello", "max_output_tokens": 4, "conversation": "shared-name"}, headers=auth(b)).json()
+            # Alpha's conversation id is nothing to beta: not found, and nothing added to it.
+            borrowed = c.post("/v1/responses", json={"model": MODEL, "input": "hello", "max_output_tokens": 4, "conversation": alphas}, headers=auth(b))
+            assert borrowed.status_code == 404, borrowed.text
+            assert c.get(f"/v1/conversations/{alphas}/items", headers=auth(b)).status_code == 404
+            betas = c.post("/v1/conversations", json={}, headers=auth(b)).json()["id"]
+            theirs = c.post("/v1/responses", json={"model": MODEL, "input": "hello", "max_output_tokens": 4, "conversation": betas}, headers=auth(b)).json()
             items = c.get(f"/v1/responses/{theirs['id']}/input_items", headers=auth(b)).json()["data"]
             assert len(items) == 1  # beta's conversation does not contain alpha's turn
+            assert len(c.get(f"/v1/conversations/{alphas}/items", headers=auth(a)).json()["data"]) == 2  # alpha's turn, untouched
             assert c.get(f"/v1/responses/{rid}", headers=auth(a)).status_code == 200
     finally:
         server.stop()
