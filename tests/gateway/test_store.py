@@ -115,7 +115,7 @@ def test_replayed_output_as_input(client):
 
 
 def test_conversation_appends_turns(client):
-    conv = f"conv_{time.time_ns()}"
+    conv = client.post("/v1/conversations", json={}).json()["id"]  # an unknown id is a 404
     a = create(client, input="turn one", conversation=conv)
     b = create(client, input="turn two", conversation={"id": conv})
     items = client.get(f"/v1/responses/{b['id']}/input_items", params={"order": "asc"}).json()["data"]
