@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import too_wide, PHONE, all_by_testid, by_testid, chrome, console_errors, screenshot, wait_for
+from .browser import too_wide, PHONE, all_by_testid, by_testid, console_errors, screenshot, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,13 +38,6 @@ def server(tmp_path_factory):
     kiln = Kiln(tmp, gateway_args=args, worker_args=["--max-batch", "4"], env={"KILN_ADMIN_TOKEN": TOKEN}).start()
     yield kiln
     kiln.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    driver = chrome()
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import too_wide, all_by_testid, by_testid, chrome, console_errors, screenshot, wait_for, PHONE
+from .browser import too_wide, all_by_testid, by_testid, console_errors, screenshot, wait_for, PHONE
 
 pytestmark = pytest.mark.e2e
 USAGE = re.compile(r"\d+ in( \(\d+ cached\))? / \d+ out")
@@ -26,13 +26,6 @@ def server(tmp_path_factory):
     kiln = Kiln(tmp_path_factory.mktemp("playground"), worker_args=["--max-batch", "4"]).start()
     yield kiln
     kiln.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    driver = chrome()
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture

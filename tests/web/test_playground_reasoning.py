@@ -8,7 +8,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import by_testid, chrome, console_errors, screenshot, wait_for
+from .browser import by_testid, console_errors, screenshot, wait_for
 from .test_playground import ask, pick
 
 THINKING = "<think>The user greets me, so I greet back.</think>Hello there!"
@@ -19,13 +19,6 @@ def server(tmp_path_factory):
     kiln = Kiln(tmp_path_factory.mktemp("reasoning"), worker_args=["--engine", "scripted", "--scripted-reply", THINKING, "--scripted-delay", "0.01"]).start(timeout=60)
     yield kiln
     kiln.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    driver = chrome()
-    yield driver
-    driver.quit()
 
 
 @pytest.mark.parametrize("api", ["responses", "chat", "messages"])
