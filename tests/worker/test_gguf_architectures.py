@@ -129,3 +129,29 @@ def test_q4_k_model_decodes_through_the_native_cpu_kernel(tmp_path, tokenizer_md
     if on_cpu():
         assert NativeDecoder.build(loaded.model) is not None
     assert greedy(loaded)[0] == greedy(load_model(str(folder)))[0]
+
+
+def test_rope_freqs_built_while_loading_runs_on_the_engine_thread():
+    """A Llama 3.1/3.2 GGUF's ``rope_freqs`` RoPE is built on the loading thread and run on the
+    engine's: it must not leave mlx work for a thread that has no stream of its own (every such
+    file failed its first request with "There is no Stream(cpu, 0) in current thread")."""
+    import threading
+
+    import mlx.core as mx
+
+    from kiln.worker.loading.gguf import _FactorRoPE
+
+    rope = _FactorRoPE(8, 10000.0, mx.ones(4) * 2)
+    out: dict[str, object] = {}
+
+    def engine_thread() -> None:
+        try:
+            out["rotated"] = np.array(rope(mx.ones((1, 1, 2, 8))))
+        except Exception as exc:  # noqa: BLE001 - the test reports what the thread raised
+            out["error"] = repr(exc)
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join(timeout=60)
+    assert "error" not in out, out
+    assert out["rotated"].shape == (1, 1, 2, 8)

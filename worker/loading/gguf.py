@@ -71,6 +71,10 @@ class _FactorRoPE(nn.Module):
         self.dims = dims
         exponents = mx.arange(0, dims, 2, dtype=mx.float32) / dims
         self._freqs = (base**exponents) * factors.astype(mx.float32)
+        # Computed now, on the loading thread: left lazy, the engine thread would be the first to
+        # evaluate it and mlx refuses ("There is no Stream(cpu, 0) in current thread"), which
+        # failed every Llama 3.1/3.2 GGUF's first request.
+        mx.eval(self._freqs)
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         return mx.fast.rope(
