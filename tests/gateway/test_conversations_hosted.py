@@ -11,18 +11,24 @@ from tests.conformance import assert_error
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
 
 
-@pytest.fixture
-async def hosted(tmp_path):
+async def two_orgs(tmp_path, **settings):
+    """A hosted app (the accounts open) with organizations acme and globex, $10 each, and a key
+    for each: (app, [acme's key, globex's key])."""
     from kiln.gateway.accounts.keys import create_key
     from kiln.gateway.accounts.orgs import create_org
 
-    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="memory", admin_token="admin-secret")
-    app = create_app(settings, pool=FakePool())
+    app = create_app(Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", **settings), pool=FakePool())
     await app.state.accounts.open()
     keys = []
     for org in ("acme", "globex"):
         await create_org(app.state.accounts.db, org, credits_usd=10)
         keys.append((await create_key(app.state.accounts.db, org)).key)
+    return app, keys
+
+
+@pytest.fixture
+async def hosted(tmp_path):
+    app, keys = await two_orgs(tmp_path, store_mode="memory", admin_token="admin-secret")
     try:
         yield app, keys
     finally:
@@ -67,17 +73,10 @@ async def test_store_none_has_no_conversations(tmp_path):
 async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tmp_path):
     """Issue 30 D: with --store none a `conversation` is refused as `previous_response_id` is, so
     no transcript of an organization's prompts is kept, and none can be read or wiped by another."""
-    from kiln.gateway.accounts.keys import create_key
-    from kiln.gateway.accounts.orgs import create_org
     from kiln.gateway.history import conversation_key
 
-    app = create_app(Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="none"), pool=FakePool())
+    app, keys = await two_orgs(tmp_path, store_mode="none")
     accounts = app.state.accounts
-    await accounts.open()
-    keys = []
-    for org in ("acme", "globex"):
-        await create_org(accounts.db, org, credits_usd=10)
-        keys.append((await create_key(accounts.db, org)).key)
     a, g = ({"Authorization": f"Bearer {k}"} for k in keys)
     try:
         async with client_for(app) as c:
@@ -96,17 +95,8 @@ async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tm
 async def test_one_orgs_conversations_never_evict_anothers(tmp_path):
     """Issue 30 tenants 3: an organization creating conversations far past its share of the store
     loses its own oldest; another organization's conversation is still there (it was evicted: 404)."""
-    from kiln.gateway.accounts.keys import create_key
-    from kiln.gateway.accounts.orgs import create_org
-
-    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="memory", conversation_store_max_entries=8, conversation_store_max_bytes=64 << 10)
-    app = create_app(settings, pool=FakePool())
+    app, keys = await two_orgs(tmp_path, store_mode="memory", conversation_store_max_entries=8, conversation_store_max_bytes=64 << 10)
     accounts = app.state.accounts
-    await accounts.open()
-    keys = []
-    for org in ("acme", "globex"):
-        await create_org(accounts.db, org, credits_usd=10)
-        keys.append((await create_key(accounts.db, org)).key)
     a, g = ({"Authorization": f"Bearer {k}"} for k in keys)
     try:
         async with client_for(app) as c:
