@@ -177,6 +177,23 @@ int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const 
 /* x (K floats) as 8-bit values per block of 32 (natural order), their scales, and the sum of
  * each 16 of them. */
 static void ggml_quantize_row(int K, const float *x, int8_t *xq, float *d, int32_t *isum) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    /* The same values as the loop below (max, 127 / max, round to nearest even), 32 at a time:
+     * at 8 rows the scalar loop was ~8% of a 1B step. */
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int blk = 0; blk < K / 32; blk++) {
+        const __m512 a = _mm512_loadu_ps(x + blk * 32), b = _mm512_loadu_ps(x + blk * 32 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
+        const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        d[blk] = amax / 127.f;
+        const __m512i va = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), vb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+        _mm_storeu_si128((__m128i *)(xq + blk * 32), _mm512_cvtepi32_epi8(va));
+        _mm_storeu_si128((__m128i *)(xq + blk * 32 + 16), _mm512_cvtepi32_epi8(vb));
+        isum[2 * blk] = _mm512_reduce_add_epi32(va);
+        isum[2 * blk + 1] = _mm512_reduce_add_epi32(vb);
+    }
+    return;
+#endif
     for (int blk = 0; blk < K / 32; blk++) {
         const float *xb = x + blk * 32;
         float amax = 0.f;
