@@ -254,8 +254,6 @@ static inline __m256i group_u256(int type, const kiln_group *G) {
     }
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define KILN_GGML_512 1
 /* A Q4_K super-block's eight 6-bit scales and eight 6-bit mins (12 bytes) as eight bytes each,
  * unpacked a 32-bit word at a time: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits
  * of scales 4-7, bytes 4-7 the same for the mins, bytes 8-11 the low 4 bits of scales 4-7
@@ -276,6 +274,81 @@ static inline __m256 bytes8_ps(uint64_t v, int is_signed) {
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
+/* Q4_K and Q6_K a super-block at a time with 256-bit integer dot products (AVX2's maddubs,
+ * AVX-VNNI's vpdpbusd): ggml_tile_k512's scheme (see there) at half the width, one group of 32
+ * weights per vector. */
+static inline __attribute__((always_inline)) void ggml_tile_k256(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, float *y, long ldy) {
+    __m256 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(0x30);
+    const __m256i lo_pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_pairs = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    const int q4 = type == KILN_Q4_K;
+    const long bytes = q4 ? 144 : 210;
+    for (int sb = 0; sb < K / 256; sb++) {
+        const uint8_t *b = row + (size_t)sb * bytes;
+        __m256i u[8];
+        __m256 wsc0, wsc1 = _mm256_setzero_ps(), wmn = _mm256_setzero_ps(); /* Q4_K: d * sc and dmin * m per group; Q6_K: d * sc per 16 (two halves) */
+        if (q4) {
+            uint64_t scb, mnb;
+            q4k_scales(b + 4, &scb, &mnb);
+            wsc0 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), bytes8_ps(scb, 0));
+            wmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), bytes8_ps(mnb, 0));
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                u[2 * c] = _mm256_and_si256(v, low4);
+                u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+        } else {
+            const __m256 d = _mm256_set1_ps(f16_at(b + 208));
+            uint64_t s0, s1;
+            memcpy(&s0, b + 192, 8);
+            memcpy(&s1, b + 200, 8);
+            wsc0 = _mm256_mul_ps(d, bytes8_ps(s0, 1));
+            wsc1 = _mm256_mul_ps(d, bytes8_ps(s1, 1));
+            for (int h = 0; h < 2; h++) {
+                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)), qh2 = _mm256_srli_epi16(qh, 2);
+                u[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
+                u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh2, 4), two));
+                u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, two));
+                u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(qh2, two));
+            }
+        }
+        const int g0 = sb * 8;
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const int8_t *xq = a->gq + r * a->gq_ld + g0 * 32;
+            const __m256 dx = _mm256_loadu_ps(a->gd + r * a->gd_ld + g0);
+            const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g0;
+            const __m256 is0 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)is)), is1 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(is + 8)));
+            if (q4) { /* lanes of group g: d * sc_g * dx_g; mins per 16: dmin * m * dx */
+                const __m256 cf = _mm256_mul_ps(wsc0, dx), mn = _mm256_mul_ps(wmn, dx);
+                cor[m] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mn, lo_pairs), is0, cor[m]);
+                cor[m] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mn, hi_pairs), is1, cor[m]);
+                for (int g = 0; g < 8; g++) {
+                    const __m256i i = GGML_DOT(_mm256_setzero_si256(), u[g], _mm256_loadu_si256((const __m256i *)(xq + 32 * g)));
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(g)), acc[m]);
+                }
+            } else { /* per 16 weights: d * sc * dx, lanes 4 each; the zero point 32 per 16 */
+                const __m256 cf0 = _mm256_mul_ps(wsc0, _mm256_permutevar8x32_ps(dx, lo_pairs)), cf1 = _mm256_mul_ps(wsc1, _mm256_permutevar8x32_ps(dx, hi_pairs));
+                cor[m] = _mm256_fmadd_ps(cf0, is0, cor[m]);
+                cor[m] = _mm256_fmadd_ps(cf1, is1, cor[m]);
+                for (int g = 0; g < 8; g++) {
+                    const __m256i i = GGML_DOT(_mm256_setzero_si256(), u[g], _mm256_loadu_si256((const __m256i *)(xq + 32 * g)));
+                    const __m256i idx = _mm256_setr_epi32(2 * (g % 4), 2 * (g % 4), 2 * (g % 4), 2 * (g % 4), 2 * (g % 4) + 1, 2 * (g % 4) + 1, 2 * (g % 4) + 1, 2 * (g % 4) + 1);
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(g < 4 ? cf0 : cf1, idx), acc[m]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        const float c = ggml_hsum8(cor[m]);
+        y[m * ldy] = ggml_hsum8(acc[m]) - (q4 ? c : 32.f * c);
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KILN_GGML_512 1
 /* Lane l of 16 takes element (base + l / per) of a vector: spreading per-group (8 lanes each)
  * or per-16-weights (4 lanes each) scales over vpdpbusd's int32 lanes. */
 static inline __m512i spread_idx(int base, int per) {
@@ -367,12 +440,14 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
 static inline __attribute__((always_inline)) void ggml_tile(const int M, const kiln_qw *w, int o, const kiln_act *a, int m0, float *y, long ldy) {
     const int K = w->k, type = w->type;
     const uint8_t *row = w->q + (size_t)o * kiln_ggml_row_bytes(type, K);
-#ifdef KILN_GGML_512
     if (type == KILN_Q4_K || type == KILN_Q6_K) {
+#ifdef KILN_GGML_512
         ggml_tile_k512(M, type, row, K, a, m0, y, ldy);
+#else
+        ggml_tile_k256(M, type, row, K, a, m0, y, ldy);
+#endif
         return;
     }
-#endif
     __m256 acc[KILN_QMM_MAX_ROWS];
     float extra[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) {
