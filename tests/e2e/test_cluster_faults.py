@@ -24,7 +24,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from kiln.gateway.routes.health import worker_tag
+from kiln.gateway.http.routes.health import worker_tag
 from tests.cluster import Cluster, haproxy
 from tests.conformance import assert_error, assert_response
 from tests.redis_support import RedisServer

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Cancel, Done, Event, Generate, decode, encode
 from kiln.protocol.request import Message

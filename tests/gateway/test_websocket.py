@@ -16,9 +16,9 @@ import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
-from kiln.gateway.store.connection import ConnectionState
+from kiln.gateway.doors.websocket.connection_state import ConnectionState
 from kiln.protocol import Generate
 from tests.conformance.websocket import assert_ws_error, assert_ws_turn
 from tests.gateway.inprocess import MODEL, FakePool, hosted_app, local_app
@@ -215,7 +215,7 @@ async def test_hosted_upgrade_needs_a_key_and_each_turn_is_one_ledger_row(tmp_pa
 async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_idles_without_a_slot(tmp_path):
     """The slot is taken per turn: while the organization's other work holds every slot a turn
     gets a 429 error frame (socket still usable); an open, idle socket holds none."""
-    from kiln.gateway.errors import ApiError
+    from kiln.gateway.http.errors import ApiError
 
     app, _, key = await hosted_app(tmp_path)
     await app.state.accounts.close()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
 
-from kiln.worker import native
+from kiln.worker.native import build as native
 
 TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
 # Byte offsets of each type's float16 block scales (d, and dmin for Q4_K).
@@ -146,7 +146,7 @@ def tokenizer_md(gguf_path):
 
 
 def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12):
-    from kiln.worker.loading import load_model
+    from kiln.worker.loading.loader import load_model
 
     from .tiny_gguf import CONFIGS, write_pair
 

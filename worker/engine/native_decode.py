@@ -32,7 +32,7 @@ from mlx_lm.models.cache import BatchKVCache
 
 from ..loading.ggml_blocks import GGMLEmbedding, GGMLLinear, GGMLWeights, ggml_weights
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
-from ..native import CpuKernels
+from ..native.build import CpuKernels
 from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..native import claim_team
+from ..native.build import claim_team
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
 from . import cpu_exp
