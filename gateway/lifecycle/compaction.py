@@ -28,7 +28,8 @@ from kiln.protocol import Compact, Compacted, Failed
 from kiln.protocol.usage import Usage
 
 from ..http.errors import ApiError, invalid
-from .generation import reply
+from . import truncation
+from .generation import Generation, complete_usage, count_tokens, reply
 from .sealing import PREFIX as SIGNED_PREFIX
 from ..doors.validation import normalize_input
 from ..pool.worker_request import worker_request
@@ -199,3 +200,37 @@ def compaction_settings(body: dict) -> int | None:
             raise invalid(f"Invalid 'context_management[{i}].compact_threshold': expected an integer from 1 to 100000000.", param=f"context_management[{i}].compact_threshold")
         threshold = n
     return threshold
+
+
+async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: float) -> None:
+    """Run what must happen before generation: a ``compaction_trigger`` turn (the whole
+    answer is one compaction item) or automatic compaction over ``context_management``'s
+    threshold. Raises ApiError when compaction fails."""
+    body, model = generation.body, generation.model
+    window = pool.context_window(model) or 0
+    items = body["input"]
+    if items and items[-1].get("type") == "compaction_trigger":
+        result = await compact(pool, {**body, "input": items[:-1]}, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session)
+        generation.add_prefix_item(result.item)
+        generation.done_without_worker = True
+        generation.response.finish("completed", complete_usage(result.usage))
+        return
+    if body.get("truncation") == "auto":  # accepted only with --truncation-auto
+        count = truncation.worker_count(pool, body, model, timeout_s, generation.options)
+        generation.wire_input = await truncation.fit(generation.wire_input, count, window)
+    threshold = generation.compact_threshold
+    if threshold is None:
+        return
+    counted = await count_tokens(pool, {**body, "input": generation.wire_input}, model, timeout_s, generation.options)
+    if counted < threshold and counted < window - 1:
+        return
+    rid = generation.response.id
+    result = await compact(pool, body, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session)
+    if not result.summarized:  # asked for to make room, it made none
+        raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
+    generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
+    body["input"] = result.history
+    generation.wire_input = expand_items(result.history)
+    generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
+    generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
+    generation.add_prefix_item(result.item)

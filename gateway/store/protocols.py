@@ -6,7 +6,7 @@ Every method that reads or writes shared state is a coroutine (Redis is across a
 memory stores answer at once. A store that cannot reach its backend raises
 ``StoreUnavailable`` (a 503 in the API's error shape), never a backend exception.
 
-``backend.py`` builds one set of these from the settings; ``lifecycle/service.py`` is the only
+``backend.py`` builds one set of these from the settings (``stores.py``); ``lifecycle/`` is the only
 user of most of them.
 """
 

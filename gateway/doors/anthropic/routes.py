@@ -46,13 +46,7 @@ def _final_usage(run: ResponseRun) -> dict[str, Any] | None:
 
 
 def _translator(request: Request, spec: MessagesRequest) -> MessageTranslator:
-    sealer = _service(request).sealer
-    return MessageTranslator(
-        spec.model,
-        stop_sequences=spec.stop_sequences,
-        show_thinking=spec.show_thinking,
-        seal=lambda text: sealer.seal("reasoning", {"text": text}),
-    )
+    return MessageTranslator(spec.model, stop_sequences=spec.stop_sequences, show_thinking=spec.show_thinking, seal=_service(request).references.seal_text)
 
 
 async def create_message(request: Request) -> Response:

@@ -39,7 +39,7 @@ async def create_response(request: Request) -> Response:
         body = validated(request, raw)
         generation, own_input = await service.prepare(body, _owner(request), options=options(request))
         if body["background"]:
-            return JSONResponse(await service.start_background(generation, own_input))
+            return JSONResponse(await service.jobs.start(generation, own_input))
         opening.update(generation.response.snapshot())  # as it stands before any compaction work
         return ResponseRun(service, generation, own_input, ticket, streaming=body["stream"])
 
@@ -74,7 +74,7 @@ async def get_response(request: Request) -> Response:
     params = request.query_params
     rid = request.path_params["response_id"]
     if not parse_bool(params.get("stream", "false"), "stream"):
-        return JSONResponse(await _service(request).get(rid, _owner(request)))
+        return JSONResponse(await _service(request).retrieval.get(rid, _owner(request)))
     after = params.get("starting_after")
     starting_after = None
     if after is not None:
@@ -82,7 +82,7 @@ async def get_response(request: Request) -> Response:
             starting_after = int(after)
         except ValueError:
             raise invalid("Invalid 'starting_after': expected an integer sequence number.", param="starting_after")
-    reader = await _service(request).event_stream(rid, _owner(request))
+    reader = await _service(request).retrieval.event_stream(rid, _owner(request))
     events = reader.follow(starting_after)
     try:
         first = await events.__anext__()
@@ -103,15 +103,15 @@ async def _replay(first: dict | None, events: AsyncIterator[dict]) -> AsyncItera
 
 
 async def delete_response(request: Request) -> Response:
-    return JSONResponse(await _service(request).delete(request.path_params["response_id"], _owner(request)))
+    return JSONResponse(await _service(request).retrieval.delete(request.path_params["response_id"], _owner(request)))
 
 
 async def cancel_response(request: Request) -> Response:
-    return JSONResponse(await _service(request).cancel(request.path_params["response_id"], _owner(request)))
+    return JSONResponse(await _service(request).retrieval.cancel(request.path_params["response_id"], _owner(request)))
 
 
 async def list_input_items(request: Request) -> Response:
-    items = await _service(request).input_items(request.path_params["response_id"], _owner(request))
+    items = await _service(request).retrieval.input_items(request.path_params["response_id"], _owner(request))
     return JSONResponse(item_page(items, request.query_params, unknown_after="no input item '{id}'"))
 
 

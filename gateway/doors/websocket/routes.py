@@ -263,7 +263,7 @@ class Session:
         if history is not None:
             log.info("websocket continuation", extra={"connection": self.id, "previous_response_id": previous, "from": "connection"})
             return history
-        store = self.service.store
+        store = self.service.stores.responses
         if store is None or not store.enabled:
             raise previous_not_found(previous)  # nothing else could hold it: resend full context
         log.info("websocket continuation", extra={"connection": self.id, "previous_response_id": previous, "from": "store"})

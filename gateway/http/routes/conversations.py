@@ -38,9 +38,9 @@ def _store(request: Request) -> ConversationStore:
     service = _service(request)
     if service.settings.store_mode == "none":
         raise ApiError(404, "Conversations are not stored on this gateway; send the whole conversation in 'input'.", code="not_found")
-    if not service.conversations.enabled:
+    if not service.stores.conversations.enabled:
         raise invalid("The conversation store is disabled on this server (--conversation-store-max-entries 0).")
-    return service.conversations
+    return service.stores.conversations
 
 
 def _key(request: Request) -> str:
@@ -79,11 +79,11 @@ async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) ->
         raise
     if any(i.get("type") in ("compaction_trigger",) for i in items):
         raise invalid(f"Invalid '{param}': a compaction_trigger is a request, not a conversation item.", param=param)
-    return service.unseal_items(await service.resolve_references(items, owner))
+    return service.references.unseal(await service.references.resolve(items, owner))
 
 
 async def _index(request: Request, key: str, items: list[dict]) -> None:
-    await _service(request).index_items(_owner(request), items, ("conversation", key))
+    await _service(request).references.index(_owner(request), items, ("conversation", key))
 
 
 async def create_conversation(request: Request) -> Response:
