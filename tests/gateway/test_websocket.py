@@ -174,7 +174,7 @@ def test_a_slow_warm_up_is_answered_early_and_its_turn_waits_for_the_prefill(mon
     it. A warm-up still prefilling after WARM_UP_ANSWER_S is answered completed (no output, the
     input usage reported so far); the continuation on the socket reaches the worker only once the
     prefill is done, so it starts on the cached prompt."""
-    from kiln.gateway.routes import websocket as route
+    from kiln.gateway.doors.websocket import routes as route
 
     monkeypatch.setattr(route, "WARM_UP_ANSWER_S", 0.1)
     pool = SlowPrefillPool()
