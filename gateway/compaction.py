@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import time
 import uuid
@@ -28,7 +29,7 @@ from kiln.protocol import Compact, Compacted, Failed
 from kiln.protocol.usage import Usage
 
 from .errors import ApiError, invalid
-from .generation import reply
+from .generation import cache_scope, reply
 from .sealing import PREFIX as SIGNED_PREFIX
 from .validation import normalize_input
 from .worker_request import worker_request
@@ -113,11 +114,13 @@ def expand_items(items: list[dict]) -> list[dict]:
     return out
 
 
-async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None) -> Compaction:
-    """Have a worker compact ``body["input"]`` (stored form; expanded here before sending)."""
+async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None, owner: Any = None) -> Compaction:
+    """Have a worker compact ``body["input"]`` (stored form; expanded here before sending).
+    ``owner``: whose history it is; its summary's prompt goes into that organization's prefix
+    cache scope, as its generations do (never one another organization's lookups could reach)."""
     stored = body["input"]
     wire = {**body, "input": expand_items(stored)}
-    request = worker_request(wire)
+    request = dataclasses.replace(worker_request(wire), cache_scope=cache_scope(owner))
     try:
         worker = pool.pick(model, routing_key(body, session))
     except NoWorker:

@@ -201,7 +201,7 @@ class ResponsesService:
         window = self.pool.context_window(model) or 0
         items = body["input"]
         if items and items[-1].get("type") == "compaction_trigger":
-            result = await compaction.compact(self.pool, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s, session=generation.options.session)
+            result = await compaction.compact(self.pool, {**body, "input": items[:-1]}, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s, session=generation.options.session, owner=generation.owner)
             generation.add_prefix_item(result.item)
             generation.done_without_worker = True
             generation.response.finish("completed", complete_usage(result.usage))
@@ -216,7 +216,7 @@ class ResponsesService:
         if counted < threshold and counted < window - 1:
             return
         rid = generation.response.id
-        result = await compaction.compact(self.pool, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s, session=generation.options.session)
+        result = await compaction.compact(self.pool, body, model, keep_tokens=compaction.default_keep_tokens(window), max_output_tokens=compaction.DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=self.settings.first_event_timeout_s, session=generation.options.session, owner=generation.owner)
         if not result.summarized:  # asked for to make room, it made none
             raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
         generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
@@ -237,7 +237,7 @@ class ResponsesService:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
         body = {**body, "model": model, "input": _with_ids(self.unseal_items(await self.resolve_references(body["input"], owner)))}
-        result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
+        result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s, owner=owner)
         return compaction.compact_resource(result, model)
 
     # -- sealed content --------------------------------------------------------------------------
