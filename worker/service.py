@@ -240,7 +240,7 @@ class GenerationService:
 
             collector = _Collector(self, req_id, len(prompt), finished, emit)
             params = SamplingParams(temperature=0.0, max_tokens=max(1, min(budget, window - len(prompt))))
-            return EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step)
+            return EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step, cache_scope=request.cache_scope)
 
         self._submit(req_id, summarize(budget, None), emit)
 
