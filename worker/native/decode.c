@@ -200,6 +200,7 @@ typedef struct {
 } kiln_act;
 
 #include "ggml.c"
+#include "gemm.c"
 
 #ifdef KILN_INT8
 /* Block b's two halves: h0 = the 16 values the low nibbles (4-bit) or the first 16 bytes
@@ -437,6 +438,21 @@ typedef struct {
 } kiln_job;
 
 static void products(const kiln_job *jobs, int n_jobs, const kiln_act *a, int int8) {
+#ifdef KILN_GEMM
+    if (a->type && gemm_takes(a->M)) { /* a prefill chunk against GGUF blocks: gemm.c */
+        int tiles = 0;
+        for (int j = 0; j < n_jobs; j++) tiles += (jobs[j].w->n + GEMM_COLS - 1) / GEMM_COLS;
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++) {
+            int j = 0, tt = t;
+            while (tt >= (jobs[j].w->n + GEMM_COLS - 1) / GEMM_COLS) tt -= (jobs[j++].w->n + GEMM_COLS - 1) / GEMM_COLS;
+            if (gemm_column_tile(jobs[j].w, tt, a, jobs[j].y, jobs[j].ldy) != 0) /* no scratch: the column loops */
+                for (int o = tt * GEMM_COLS; o < jobs[j].w->n && o < (tt + 1) * GEMM_COLS; o++)
+                    product_column(jobs[j].w, o, a, int8, jobs[j].y + o, jobs[j].ldy);
+        }
+        return;
+    }
+#endif
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n;
 #pragma omp for schedule(static)
