@@ -110,6 +110,8 @@ class CpuKernels:
         self.max_rows: int = library.kiln_qmm_max_rows()
         # Whether this build has 8-bit activations with integer dot products (else float32).
         self.int8: bool = bool(library.kiln_has_int8())
+        # Whether this build multiplies prompt-sized chunks by GGUF blocks with its GEMM (gemm.c).
+        self.gemm: bool = bool(library.kiln_has_gemm())
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))

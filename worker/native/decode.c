@@ -238,24 +238,29 @@ static void quantize_row(int K, int bits, int gs, const float *x, int8_t *xq, fl
 }
 #endif
 
-static void prepare_act(kiln_act *a, int int8) {
-    for (int m = 0; m < a->M; m++) {
-        if (a->type) { /* GGML blocks: 8-bit activations always, as llama.cpp takes them */
-            ggml_quantize_row(a->K, a->x + (size_t)m * a->K, a->gq + m * a->gq_ld, a->gd + m * a->gd_ld, a->gsum + m * a->gsum_ld);
-            continue;
-        }
-#ifdef KILN_INT8
-        if (int8) {
-            quantize_row(a->K, a->bits, a->gs, a->x + (size_t)m * a->K, a->xq + m * a->xq_ld,
-                         a->dexp + m * a->dexp_ld, a->xsum + m * a->g_ld);
-            continue;
-        }
-#endif
-        (void)int8;
-        if (a->bits == 4) permute_even_odd(1, a->K, a->x + (size_t)m * a->K, a->xp + (size_t)m * a->K);
-        else memcpy(a->xp + (size_t)m * a->K, a->x + (size_t)m * a->K, sizeof(float) * a->K);
+/* Row m of a product's input in the form its weights' loops read. */
+static void prepare_row(const kiln_act *a, int m, int int8) {
+    if (a->type) { /* GGML blocks: 8-bit activations always, as llama.cpp takes them */
+        ggml_quantize_row(a->K, a->x + (size_t)m * a->K, a->gq + m * a->gq_ld, a->gd + m * a->gd_ld, a->gsum + m * a->gsum_ld);
+        return;
     }
+#ifdef KILN_INT8
+    if (int8) {
+        quantize_row(a->K, a->bits, a->gs, a->x + (size_t)m * a->K, a->xq + m * a->xq_ld,
+                     a->dexp + m * a->dexp_ld, a->xsum + m * a->g_ld);
+        return;
+    }
+#endif
+    (void)int8;
+    if (a->bits == 4) permute_even_odd(1, a->K, a->x + (size_t)m * a->K, a->xp + (size_t)m * a->K);
+    else memcpy(a->xp + (size_t)m * a->K, a->x + (size_t)m * a->K, sizeof(float) * a->K);
 }
+
+static void prepare_act(kiln_act *a, int int8) {
+    for (int m = 0; m < a->M; m++) prepare_row(a, m, int8);
+}
+
+
 
 /* ---- integer dot products: one output column for a tile of up to 8 rows ---------------------- */
 
@@ -474,14 +479,31 @@ typedef struct {
 
 static long round_up(long n, long to) { return (n + to - 1) / to * to; }
 
+/* The team size of the calling thread's next pass: attention's scores are one row per thread. */
+static int pass_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* Scratch floats a pass of M tokens over caches of at most S positions needs. */
 long kiln_forward_work(const kiln_model *m, int M, int S) {
     long kmax = m->hidden > m->inter ? m->hidden : m->inter;
     long qd = (long)m->heads * m->head_dim, kd = (long)m->kv_heads * m->head_dim;
     if (qd > kmax) kmax = qd;
     long per_row = m->hidden * 3 + kmax * 2 + (qd + 2 * kd) + qd + 2 * m->inter + m->head_dim
-                 + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (kmax / 16 + 1) + (long)m->heads * S + 64;
-    return (long)M * per_row + 1024;
+                 + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (kmax / 16 + 1) + 64;
+    return (long)M * per_row + (long)pass_threads() * (S + 16) + 1024;
 }
 
 static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *w) {
@@ -509,7 +531,7 @@ static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *
     w->gsum_ld = kmax / 16 + 1;
     w->gsum = (int32_t *)p;
     p += round_up((long)M * w->gsum_ld, 16);
-    TAKE(scores, (long)M * m->heads * S);
+    TAKE(scores, (long)pass_threads() * S);
 #undef TAKE
     w->kmax = kmax;
     w->qkv_ld = qd + 2 * kd;
@@ -568,7 +590,7 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
         int tok = task / H, h = task % H, b = tok / T, t = tok % T, g = h / group;
         const float *qv = w->qkv + tok * w->qkv_ld + h * D;
         const float *kb = c->keys + b * c->k_row + g * c->k_head, *vb = c->values + b * c->v_row + g * c->v_head;
-        float *p = w->scores + (size_t)task * w->S, *o = w->att + tok * qd + h * D;
+        float *p = w->scores + (size_t)thread_index() * w->S, *o = w->att + tok * qd + h * D;
         int first = start[b], last = idx + t;
         float top = -INFINITY;
         for (int j = first; j <= last; j++) {
@@ -638,14 +660,14 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
             const kiln_layer *L = m->layers + l;
             const kiln_cache *c = caches + l;
             kiln_act a = act_for(&w, &L->q, w.x, M);
-#pragma omp single
-            {
-                for (int tok = 0; tok < M; tok++) rms_norm(w.h + tok * m->hidden, L->attn_norm, m->eps, m->hidden, w.x + tok * m->hidden);
-                prepare_act(&a, int8 & 1);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) {
+                rms_norm(w.h + tok * m->hidden, L->attn_norm, m->eps, m->hidden, w.x + tok * m->hidden);
+                prepare_row(&a, tok, int8 & 1);
             }
             kiln_job qkv[3] = {{&L->q, w.qkv, w.qkv_ld}, {&L->k, w.qkv + qd, w.qkv_ld}, {&L->v, w.qkv + qd + kd, w.qkv_ld}};
             products(qkv, 3, &a, int8 & 1);
-#pragma omp single
+#pragma omp for schedule(static)
             for (int tok = 0; tok < M; tok++) {
                 float *qv = w.qkv + tok * w.qkv_ld, *kv = qv + qd, *vv = kv + kd;
                 if (L->q.bias) {
@@ -667,31 +689,30 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
             }
             attention(m, c, &w, B, T, idx, start);
             a = act_for(&w, &L->o, w.att, M);
-#pragma omp single
-            prepare_act(&a, int8 & 2);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) prepare_row(&a, tok, int8 & 2);
             kiln_job o[1] = {{&L->o, w.tmp, m->hidden}};
             products(o, 1, &a, int8 & 2);
             a = act_for(&w, &L->gate, w.x, M);
-#pragma omp single
-            {
-                for (long i = 0; i < (long)M * m->hidden; i++) w.h[i] += w.tmp[i];
-                for (int tok = 0; tok < M; tok++) rms_norm(w.h + tok * m->hidden, L->mlp_norm, m->eps, m->hidden, w.x + tok * m->hidden);
-                prepare_act(&a, int8 & 4);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) {
+                float *h = w.h + (size_t)tok * m->hidden;
+                for (int i = 0; i < m->hidden; i++) h[i] += w.tmp[(size_t)tok * m->hidden + i];
+                rms_norm(h, L->mlp_norm, m->eps, m->hidden, w.x + tok * m->hidden);
+                prepare_row(&a, tok, int8 & 4);
             }
             kiln_job gu[2] = {{&L->gate, w.gu, 2 * m->inter}, {&L->up, w.gu + m->inter, 2 * m->inter}};
             products(gu, 2, &a, int8 & 4);
             a = act_for(&w, &L->down, w.x, M);
-#pragma omp single
-            {
-                for (int tok = 0; tok < M; tok++) {
-                    swiglu(w.gu + (size_t)tok * 2 * m->inter, w.gu + (size_t)tok * 2 * m->inter + m->inter, m->inter);
-                    memcpy(w.x + (size_t)tok * m->inter, w.gu + (size_t)tok * 2 * m->inter, sizeof(float) * m->inter);
-                }
-                prepare_act(&a, int8 & 8);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) {
+                swiglu(w.gu + (size_t)tok * 2 * m->inter, w.gu + (size_t)tok * 2 * m->inter + m->inter, m->inter);
+                memcpy(w.x + (size_t)tok * m->inter, w.gu + (size_t)tok * 2 * m->inter, sizeof(float) * m->inter);
+                prepare_row(&a, tok, int8 & 8);
             }
             kiln_job down[1] = {{&L->down, w.tmp, m->hidden}};
             products(down, 1, &a, int8 & 8);
-#pragma omp single
+#pragma omp for schedule(static)
             for (long i = 0; i < (long)M * m->hidden; i++) w.h[i] += w.tmp[i];
         }
         if (n_out) {

@@ -147,6 +147,16 @@ static int gemm_column_tile(const kiln_qw *w, int t, const kiln_act *a, float *y
 }
 #endif
 
+/* 1 where this build has the GEMM (prefill chunks of a GGUF's blocks are then worth taking
+ * through the native pass). */
+int kiln_has_gemm(void) {
+#ifdef KILN_GEMM
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* 1 where the GEMM takes products of `rows` activation rows against GGUF blocks. */
 static int gemm_takes(int rows) {
 #ifdef KILN_GEMM
