@@ -332,10 +332,11 @@ class NativeDecoder:
         out_rows = rows * new if head_rows == 2 else rows if head_rows == 1 else 0
         logits = np.empty((max(out_rows, 1), self._vocab), np.float32)
         model = ctypes.byref(self._model)
-        need = self._lib.kiln_forward_work(model, rows * new, idx + new)
-        if self._work.size < need:
-            self._work = np.empty(need, np.float32)
         with self._kernels.forward_pass(rows * new):
+            # Sized inside: the scratch holds a row of attention scores per thread of this pass.
+            need = self._lib.kiln_forward_work(model, rows * new, idx + new)
+            if self._work.size < need:
+                self._work = np.empty(need, np.float32)
             status = self._lib.kiln_forward(
                 model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
                 idx, head_rows, _INT8_ALL if self.int8 else 0, logits.ctypes.data, self._work.ctypes.data,

@@ -47,8 +47,8 @@ from .threads import TeamSize
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCE = HERE / "decode.c"  # includes qmatmul.c, ggml.c and gemm.c
-SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", HERE / "gemm.c", SOURCE)
+SOURCE = HERE / "decode.c"  # includes qmatmul.c, ggml.c, gemm.c and attention.c
+SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", HERE / "gemm.c", HERE / "attention.c", SOURCE)
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
 CACHE_ENV = "KILN_NATIVE_CACHE"
 PORTABLE_ENV = "KILN_NATIVE_PORTABLE"

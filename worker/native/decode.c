@@ -496,6 +496,14 @@ static int thread_index(void) {
 #endif
 }
 
+#include "attention.c"
+
+/* Each thread's attention scratch: a row of S scores, or attention_chunk's tiles. */
+static long score_floats(const kiln_model *m, int S) {
+    long chunk = attention_chunk_floats(m);
+    return round_up(S > chunk ? S : chunk, 16);
+}
+
 /* Scratch floats a pass of M tokens over caches of at most S positions needs. */
 long kiln_forward_work(const kiln_model *m, int M, int S) {
     long kmax = m->hidden > m->inter ? m->hidden : m->inter;
@@ -503,7 +511,7 @@ long kiln_forward_work(const kiln_model *m, int M, int S) {
     if (qd > kmax) kmax = qd;
     long per_row = m->hidden * 3 + kmax * 2 + (qd + 2 * kd) + qd + 2 * m->inter + m->head_dim
                  + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (kmax / 16 + 1) + 64;
-    return (long)M * per_row + (long)pass_threads() * (S + 16) + 1024;
+    return (long)M * per_row + (long)pass_threads() * (score_floats(m, S) + 16) + 1024;
 }
 
 static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *w) {
@@ -531,11 +539,11 @@ static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *
     w->gsum_ld = kmax / 16 + 1;
     w->gsum = (int32_t *)p;
     p += round_up((long)M * w->gsum_ld, 16);
-    TAKE(scores, (long)pass_threads() * S);
+    TAKE(scores, (long)pass_threads() * score_floats(m, S));
 #undef TAKE
     w->kmax = kmax;
     w->qkv_ld = qd + 2 * kd;
-    w->S = S;
+    w->S = score_floats(m, S); /* each thread's scores, this far apart */
 }
 
 static kiln_act act_for(const kiln_scratch *w, const kiln_qw *q, const float *x, int M) {
@@ -583,6 +591,10 @@ static void rope(float *x, int heads, int d, const float *cosv, const float *sin
 
 /* Token t of row b sits at cache position idx + t and sees keys start[b] .. idx + t. */
 static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scratch *w, int B, int T, int idx, const int32_t *start) {
+    if (T >= KILN_CHUNK_ATTENTION) { /* a prefill chunk: attention.c */
+        attention_chunk(m, c, w->qkv, w->qkv_ld, w->att, B, T, idx, start, w->scores, w->S);
+        return;
+    }
     int H = m->heads, D = m->head_dim, group = m->heads / m->kv_heads;
     long qd = (long)H * D;
 #pragma omp for schedule(static)
@@ -618,7 +630,8 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
  * as in mlx-lm's BatchKVCache); every cache has room for idx + T positions. head_rows: 0 no
  * logits, 1 for the last token of each row (logits (B, vocab)), 2 for every token ((B * T,
  * vocab)). int8: which products take 8-bit activations (where compiled in), a bit mask:
- * 1 q/k/v, 2 o, 4 gate/up, 8 down, 16 the head; the others take float32. work: kiln_forward_work floats.
+ * 1 q/k/v, 2 o, 4 gate/up, 8 down, 16 the head; the others take float32. work: kiln_forward_work floats,
+ * asked for on the calling thread with this pass's team size (a row of scores per thread).
  * Returns 0, or -1 for arguments outside what the loops handle. */
 int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, const int32_t *tokens,
                  const int32_t *positions, const int32_t *start, int idx, int head_rows, int int8,
