@@ -311,7 +311,7 @@ def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path,
     from kiln.worker.engine.native_decode import NativeDecoder
     from kiln.worker.engine.scheduler import Scheduler
     from kiln.worker.loading.device import keeps_gguf_blocks
-    from kiln.worker.native import cpu_kernels
+    from kiln.worker.native.build import cpu_kernels
 
     from .test_engine import Run, reference
 
