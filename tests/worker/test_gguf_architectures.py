@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from kiln.worker.loading import load_model
+from kiln.worker.loading.loader import load_model
 from kiln.worker.loading.gguf import UnsupportedModelError
 
 from .tiny_gguf import CONFIGS, greedy, write_pair

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
 
-from kiln.worker import native
+from kiln.worker.native import build as native
 
 TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
 # Byte offsets of each type's float16 block scales (d, and dmin for Q4_K).
@@ -114,6 +114,26 @@ def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qty
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", ["random", "max", "min", "zero", "zeros", "ones"])
+@pytest.mark.parametrize("rows", [16, 45, 200])
+def test_prefill_gemm_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows):
+    """The GEMM a prefill chunk's products take (gemm.c, where the build has it): within the same
+    bound as the column loops above, over whole and partial tiles of 16 columns and 8 rows."""
+    rng = np.random.default_rng(3 + rows)
+    k = 512
+    b = blocks(rng, qtype, 37, k, scales)
+    w = quants.dequantize(b, qtype).astype(np.float64)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[-1, 32:64] *= 1e4
+    y = kernel.ggml_gemm(x, b, int(qtype), k).astype(np.float64)
+    xr, d = rounded(x)
+    slack = 1e-5 * (np.abs(xr) @ _block_bound(b, qtype, k).T) + 1e-30
+    assert np.all(np.abs(y - xr @ w.T) <= slack)
+    assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= slack + (d / 2) @ np.abs(w).T * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 8, 11])
 def test_exact_product_is_dequantize_then_multiply(kernel, qtype, rows):
     """The float32 product mlx's forward pass takes for a few rows: the reference product up to
@@ -146,7 +166,7 @@ def tokenizer_md(gguf_path):
 
 
 def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12, rope_factors=None):
-    from kiln.worker.loading import load_model
+    from kiln.worker.loading.loader import load_model
 
     from .tiny_gguf import CONFIGS, write_pair
 
@@ -259,8 +279,8 @@ def test_rope_freqs_file_takes_the_native_path(tmp_path, tokenizer_md, monkeypat
 
 def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md):
     """End to end in the engine: the scheduler takes the native pass for a Q4_K_M-style file, a
-    short prompt prefills natively, a long one in chunks through mlx (dequantized pieces), and
-    greedy decoding from both matches mlx-lm's own generation on the same model's first token
+    short prompt prefills natively, a long one in chunks (natively where the build has the GEMM,
+    else through mlx's dequantized pieces), and greedy decoding from both matches mlx-lm's own generation on the same model's first token
     (the later ones may differ by a near tie: 8-bit activations)."""
     from kiln.worker.engine.scheduler import Scheduler
     from kiln.worker.loading.device import keeps_gguf_blocks
@@ -282,3 +302,52 @@ def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, 
         assert s._batch.native is not None and "Q4_K" in s._batch.native.blocks
     finally:
         s.stop()
+
+
+def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path, tokenizer_md, monkeypatch):
+    """A prompt longer than a chunk, on a Q4_K_M-style file: every chunk goes through the native
+    pass (its GEMM), none through mlx's forward pass, and the request's first token is mlx-lm's."""
+    from kiln.worker.engine import prefill as prefill_module
+    from kiln.worker.engine.native_decode import NativeDecoder
+    from kiln.worker.engine.scheduler import Scheduler
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.native.build import cpu_kernels
+
+    from .test_engine import Run, reference
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.gemm:
+        pytest.skip("this build has no prefill GEMM: long prompts go through mlx")
+    model = _load(tmp_path, tokenizer_md, "llama", "K").model
+    vocab = model.model.embed_tokens.num_embeddings
+    prompt = [(11 * j + 3) % vocab for j in range(300)]
+    expected = reference(model, prompt, 1)[0]
+    native_chunks: list[int] = []
+    mlx_chunks: list[int] = []
+    original_prefill, original_run_chunk = NativeDecoder.prefill, prefill_module.Prefill.run_chunk
+
+    def recording_prefill(self, tokens, cache):
+        native_chunks.append(int(np.asarray(tokens).size))
+        return original_prefill(self, tokens, cache)
+
+    def recording_run_chunk(self, model, native=None):
+        done = original_run_chunk(self, model, native)
+        if self.native_cache is None:
+            mlx_chunks.append(done)
+        return done
+
+    monkeypatch.setattr(NativeDecoder, "prefill", recording_prefill)
+    monkeypatch.setattr(prefill_module.Prefill, "run_chunk", recording_run_chunk)
+    s = Scheduler(model, cache_bytes=0, max_batch=4, prefill_chunk=64)
+    s.start()
+    try:
+        run = Run(prompt, temperature=0, max_tokens=2).submit(s)
+        assert len(run.wait(timeout=300).tokens) == 2
+        assert s._native is not None and s._native.prefill_rows > 0
+    finally:
+        s.stop()
+    # 299 prompt tokens (the last is the decode step's): four chunks of 64, then the last 43.
+    assert native_chunks == [64, 64, 64, 64, 43] and mlx_chunks == []
+    assert run.tokens[0] == expected

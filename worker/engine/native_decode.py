@@ -34,7 +34,7 @@ from mlx_lm.models.cache import BatchKVCache
 from ..loading.gguf import FactorRoPE
 from ..loading.ggml_blocks import GGMLEmbedding, GGMLLinear, GGMLWeights, ggml_weights
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
-from ..native import CpuKernels
+from ..native.build import CpuKernels
 from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ _MODELS = (llama.Model, qwen2.Model, qwen3.Model)
 _MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 # Rows x new tokens of one call; decode batches are at most the scheduler's batch size.
 MAX_TOKENS = 256
+# Tokens of one long prompt's chunk that the pass takes where its products of a GGUF's blocks
+# go through the GEMM (worker/native/gemm.c): 512 rows keep the cost of decoding each column
+# tile of the weights small beside multiplying it, for ~90 MB of scratch on a 1B model.
+PREFILL_TOKENS = 512
 # decode.c's mask of the products that take 8-bit activations (q/k/v 1, o 2, gate/up 4, down 8,
 # head 16): all of them.
 _INT8_ALL = 31
@@ -207,6 +211,9 @@ class NativeDecoder:
         # Products of GGUF blocks always take 8-bit activations: then so does the check.
         self.blocks = _blocks_line(layers, head, inner.embed_tokens)
         self._kernels: CpuKernels = head.kernel
+        # A long prompt's chunk this pass takes (0: long prompts go through mlx): with a GGUF's
+        # blocks and the GEMM, the pass's products beat mlx's (dequantized pieces through BLAS).
+        self.prefill_rows = PREFILL_TOKENS if self.blocks and self._kernels.gemm else 0
         self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
         self._vocab = _vocab(inner.embed_tokens)
@@ -330,8 +337,8 @@ class NativeDecoder:
         mx.eval(first.offset, first.left_padding, [(c.keys, c.values) for c in cache if c.keys is not None])
         ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
         rows, new = ids.shape
-        if rows * new > self.max_rows:
-            raise ValueError(f"{rows} x {new} tokens is more than the native pass takes at once ({self.max_rows})")
+        if rows * new > max(self.max_rows, self.prefill_rows):
+            raise ValueError(f"{rows} x {new} tokens is more than the native pass takes at once ({max(self.max_rows, self.prefill_rows)})")
         idx = first._idx
         if any(c._idx != idx for c in cache):
             raise ValueError("the layers' caches disagree on their length")
@@ -344,10 +351,11 @@ class NativeDecoder:
         out_rows = rows * new if head_rows == 2 else rows if head_rows == 1 else 0
         logits = np.empty((max(out_rows, 1), self._vocab), np.float32)
         model = ctypes.byref(self._model)
-        need = self._lib.kiln_forward_work(model, rows * new, idx + new)
-        if self._work.size < need:
-            self._work = np.empty(need, np.float32)
         with self._kernels.forward_pass(rows * new):
+            # Sized inside: the scratch holds a row of attention scores per thread of this pass.
+            need = self._lib.kiln_forward_work(model, rows * new, idx + new)
+            if self._work.size < need:
+                self._work = np.empty(need, np.float32)
             status = self._lib.kiln_forward(
                 model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
                 idx, head_rows, _INT8_ALL if self.int8 else 0, logits.ctypes.data, self._work.ctypes.data,

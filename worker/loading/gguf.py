@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from . import UnsupportedModelError
+from .errors import UnsupportedModelError
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_vocab import UnsupportedTokenizerError
 from .gguf_header import read_header
@@ -125,7 +125,7 @@ def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
     the architecture decodes natively."""
     if not keep_blocks:
         return frozenset()
-    from ..native import cpu_kernels
+    from ..native.build import cpu_kernels
 
     try:
         arch = ARCHITECTURES.get(str(read_header(path).metadata.get("general.architecture")))
@@ -139,7 +139,7 @@ def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
 def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, weights: Mapping[str, mx.array]) -> None:
     """Put a GGMLLinear / GGMLEmbedding over each kept matrix's blocks where the model has its
     Linear / Embedding (before load_weights, which then loads only the rest)."""
-    from ..native import cpu_kernels
+    from ..native.build import cpu_kernels
 
     kernel = cpu_kernels()
     modules = dict(model.named_modules())
