@@ -110,8 +110,8 @@ class Shape:
 
     def with_plain_rope(self) -> Shape:
         """The same shape without Llama 3's `rope_freqs` (plain RoPE at the same base; the name
-        says so). Speed and memory are the same for llama.cpp; Kiln maps `rope_freqs` onto its
-        own RoPE module, which its native decode pass does not take (it decodes through mlx)."""
+        says so). Speed and memory are the same for llama.cpp and for Kiln (its native decode
+        pass takes both RoPE kinds); kept for comparisons with figures from before it did."""
         if self.rope_scaling is None:
             return self
         return dataclasses.replace(self, name=f"{self.name}-plainrope", rope_scaling=None)

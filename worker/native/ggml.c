@@ -370,8 +370,11 @@ static inline __m512i spread_idx(int base, int per) {
  * activations' sums per 16. The arithmetic is the generic loop's (same 8-bit activations,
  * same integer sums), only the order of the float sums differs. */
 static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, float *y, long ldy) {
-    __m512 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
-    for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm512_setzero_ps();
+    /* One row's sums in two chains (chunks 0-1, 2-3) where registers allow: one chain of four
+     * dependent multiply-adds per super-block bounds a single row's step. */
+    __m512 acc[KILN_QMM_MAX_ROWS], acc2[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
+    const int split = M <= 2;
+    for (int m = 0; m < M; m++) acc[m] = acc2[m] = cor[m] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(15), two = _mm512_set1_epi8(0x30);
     const __m512i by8_0 = spread_idx(0, 8), by8_1 = spread_idx(2, 8), by8_2 = spread_idx(4, 8), by8_3 = spread_idx(6, 8);
     const __m512i by4_0 = spread_idx(0, 4), by4_1 = spread_idx(4, 4), by4_2 = spread_idx(8, 4), by4_3 = spread_idx(12, 4);
@@ -380,6 +383,7 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
     const long bytes = q4 ? 144 : 210;
     for (int sb = 0; sb < K / 256; sb++) {
         const uint8_t *b = row + (size_t)sb * bytes;
+        for (int l = 0; l < 4 * 64; l += 64) _mm_prefetch((const char *)(b + 2048 + l), _MM_HINT_T0);
         __m512i u[4];
         __m512 wsc, wmn = _mm512_setzero_ps(); /* Q4_K: d * sc, dmin * m (8 lanes); Q6_K: d * sc (16) */
         if (q4) {
@@ -418,19 +422,23 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
                 cor[m] = _mm512_fmadd_ps(_mm512_permutexvar_ps(by2, _mm512_mul_ps(wmn, dx8)), isum, cor[m]);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by8_0, cf), acc[m]);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by8_1, cf), acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc[m]);
+                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc2[m]);
+                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc[m]);
+                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc2[m]);
+                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc[m]);
             } else { /* per 16 weights: d * sc * dx; the zero point: 32 * that * sum(xi) */
                 cf = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(by2, dx8));
                 cor[m] = _mm512_fmadd_ps(_mm512_mul_ps(cf, _mm512_set1_ps(32.f)), isum, cor[m]);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by4_0, cf), acc[m]);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by4_1, cf), acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by4_2, cf), acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc[m]);
+                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by4_2, cf), acc2[m]);
+                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by4_2, cf), acc[m]);
+                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc2[m]);
+                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc[m]);
             }
         }
     }
-    for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[m], cor[m]));
+    for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc[m], acc2[m]), cor[m]));
 }
 #endif
 
