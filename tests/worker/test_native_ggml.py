@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
 
-from kiln.worker import native
+from kiln.worker.native import build as native
 
 TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
 # Byte offsets of each type's float16 block scales (d, and dmin for Q4_K).
@@ -165,13 +165,13 @@ def tokenizer_md(gguf_path):
     return md
 
 
-def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12):
-    from kiln.worker.loading import load_model
+def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12, rope_factors=None):
+    from kiln.worker.loading.loader import load_model
 
     from .tiny_gguf import CONFIGS, write_pair
 
     cfg = dict(CONFIGS[case], **_SHAPE)
-    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale)
+    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale, rope_factors=rope_factors)
     return load_model(str(gguf_file))
 
 
@@ -239,6 +239,44 @@ def test_model_in_each_type_matches_mlx_step_by_step(tmp_path, tokenizer_md, qua
         step = mx.array(ref[:, -1].argmax(-1)[:, None])
 
 
+def test_rope_freqs_file_takes_the_native_path(tmp_path, tokenizer_md, monkeypatch):
+    """A Llama 3-style Q4_K_M file with a ``rope_freqs`` tensor (factors that change every
+    rotation but the fastest) decodes on the native pass: its build check against mlx's forward
+    pass (the factors applied through mx.fast.rope) passes, and the pass's logits equal mlx's
+    step by step. A pass that rotated by the plain frequencies instead is refused by the same
+    check, so the check sees the factors."""
+    from kiln.worker.engine import native_decode
+    from kiln.worker.engine.native_decode import INT8, NativeDecoder
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.loading.gguf import FactorRoPE
+
+    from .test_native import prefilled, prompts_for
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    half = _SHAPE["head_dim"] // 2
+    factors = np.geomspace(1.0, 40.0, half).astype(np.float32)  # Llama 3's range: 1 to ~32
+    model = _load(tmp_path, tokenizer_md, "llama", "K", rope_factors=factors).model
+    assert all(type(layer.self_attn.rope) is FactorRoPE for layer in model.model.layers)
+    decoder = NativeDecoder.build(model)
+    assert decoder is not None and "GGUF blocks: Q4_K x" in decoder.blocks
+    vocab = model.model.embed_tokens.num_embeddings
+    prompts = prompts_for(2, vocab)
+    ref_cache, ours_cache = prefilled(model, prompts), prefilled(model, prompts)
+    step = mx.array([[(5 * r + 7 * t + 3) % vocab for t in range(2)] for r in range(2)])
+    for _ in range(4):
+        ref = np.array(model(step, cache=ref_cache))
+        assert INT8.agree(decoder.forward(step, ours_cache), ref)
+        step = mx.array(ref[:, -1].argmax(-1)[:, None])
+
+    def plain(rope):
+        half = rope.dims // 2
+        return 10000.0 ** (-np.arange(half, dtype=np.float64) / half), True
+
+    monkeypatch.setattr(native_decode, "rope_frequencies", plain)
+    assert NativeDecoder.build(model) is None
+
+
 def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md):
     """End to end in the engine: the scheduler takes the native pass for a Q4_K_M-style file, a
     short prompt prefills natively, a long one in chunks (natively where the build has the GEMM,
@@ -273,7 +311,7 @@ def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path,
     from kiln.worker.engine.native_decode import NativeDecoder
     from kiln.worker.engine.scheduler import Scheduler
     from kiln.worker.loading.device import keeps_gguf_blocks
-    from kiln.worker.native import cpu_kernels
+    from kiln.worker.native.build import cpu_kernels
 
     from .test_engine import Run, reference
 

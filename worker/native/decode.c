@@ -510,7 +510,7 @@ long kiln_forward_work(const kiln_model *m, int M, int S) {
     long qd = (long)m->heads * m->head_dim, kd = (long)m->kv_heads * m->head_dim;
     if (qd > kmax) kmax = qd;
     long per_row = m->hidden * 3 + kmax * 2 + (qd + 2 * kd) + qd + 2 * m->inter + m->head_dim
-                 + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (kmax / 16 + 1) + 64;
+                 + (kmax + 64) / 4 + (kmax / 64 + 1) * 8 + 16 + 2 * (kmax / 32 + 1) + (kmax / 16 + 16) + 64;
     return (long)M * per_row + (long)pass_threads() * (score_floats(m, S) + 16) + 1024;
 }
 
@@ -531,12 +531,12 @@ static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *
     TAKE(sinv, (long)M * m->head_dim / 2);
     w->xq_ld = round_up(kmax, 64);
     w->xq = (int8_t *)p;
-    p += round_up((long)M * w->xq_ld / 4, 16);
-    w->dexp_ld = (kmax / 64 + 1) * 8;
+    p += round_up((long)M * (kmax + 64) / 4, 16);
+    w->dexp_ld = (kmax / 64 + 1) * 8 + 16; /* also the GGML form's scales, k / 32 + 16 per row */
     TAKE(dexp, (long)M * w->dexp_ld);
     w->g_ld = kmax / 32 + 1;
     TAKE(xsum, (long)M * w->g_ld);
-    w->gsum_ld = kmax / 16 + 1;
+    w->gsum_ld = kmax / 16 + 16;
     w->gsum = (int32_t *)p;
     p += round_up((long)M * w->gsum_ld, 16);
     TAKE(scores, (long)pass_threads() * score_floats(m, S));
@@ -558,9 +558,12 @@ static kiln_act act_for(const kiln_scratch *w, const kiln_qw *q, const float *x,
     a.gq = w->xq; /* the GGML form shares the 8-bit buffers: a product takes one form */
     a.gd = w->dexp;
     a.gsum = w->gsum;
-    a.gq_ld = w->xq_ld;
-    a.gd_ld = w->dexp_ld;
-    a.gsum_ld = w->gsum_ld;
+    /* Rows as close as this product's width allows, a cache line apart: with the widest
+     * layer's stride (8,192 bytes on a 1B model) the rows of a tile all fell into the same L1
+     * sets and evicted one another (8 rows cost ~35% more per row than 1). */
+    a.gq_ld = q->k + 64;
+    a.gd_ld = q->k / 32 + 16;
+    a.gsum_ld = q->k / 16 + 16;
 #ifdef KILN_INT8
     a.xq = w->xq;
     a.dexp = w->dexp;
