@@ -30,7 +30,7 @@ from .settings import Settings
 from .store.backend import build_stores
 from .store.background import Job, job_view
 from .store.conversations import as_input_item
-from .store.lru import approx_bytes
+from .store.lru import OWNER_SHARE, approx_bytes
 from .store.protocols import JobState, ResponseStore, StoreUnavailable
 from .store.responses import StoredResponse
 from .validation import check_for_model
@@ -345,9 +345,11 @@ class ResponsesService:
         if not body.get("store", True) and not ephemeral:
             return
         stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
-        if background and self.store.size_of(stored) > self.store.max_bytes:
+        # An organization may fill its share of the store (store/lru.py), local mode all of it.
+        budget, whose = (self.store.max_bytes, "the response store's byte budget") if owner is None else (int(OWNER_SHARE * self.store.max_bytes), "this organization's share of the response store")
+        if background and self.store.size_of(stored) > budget:
             # Too large for the budget: keep a failed stub so that a poll still gets an answer.
-            stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
+            stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": f"The finished response is larger than {whose} ({budget} bytes)."})
             stored = StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner})
         kept = await self.jobs.finish(job, stored) if job is not None else await self.store.put(stored)
         if kept and not ephemeral and stored.response is snapshot:

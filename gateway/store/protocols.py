@@ -82,6 +82,10 @@ class ConversationStore(Protocol):
     @property
     def enabled(self) -> bool: ...
 
+    @property
+    def max_bytes(self) -> int:
+        """The byte budget of the whole store (an organization may fill ``OWNER_SHARE`` of it)."""
+
     async def create(self, key: str, conv: Conversation) -> bool: ...
 
     async def get(self, key: str) -> Conversation | None:
