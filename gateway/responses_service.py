@@ -318,7 +318,7 @@ class ResponsesService:
         retrieval can follow it while it runs; None when it is not stored."""
         if not self._stores(generation):
             return None
-        return self.event_buffers.open(generation.response.id).keep
+        return self.event_buffers.open(generation.response.id, generation.owner).keep
 
     async def _persist(self, response: ResponseObject, body: dict, own_input: list[dict], *, job: Job | None = None, owner: Any = None) -> None:
         """Remember the reasoning, append the turn to its conversation, store the response (for a
@@ -391,7 +391,7 @@ class ResponsesService:
         if worker.overloaded():
             await self.jobs.withdraw(job)
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
-        job.events = self.event_buffers.open(response.id)
+        job.events = self.event_buffers.open(response.id, generation.owner)
         job.events.record({"type": "response.created", "response": job_view(response)})
         await job.events.flush()  # readable by streamed retrieval on any replica from now on
         job.task = asyncio.create_task(self._run_job(job), name=f"kiln-job-{response.id}")

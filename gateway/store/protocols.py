@@ -212,7 +212,8 @@ class EventReader(Protocol):
 class EventLog(Protocol):
     """Per-response event buffers for streamed retrieval."""
 
-    def open(self, response_id: str) -> EventRecorder: ...
+    def open(self, response_id: str, owner: Any = None) -> EventRecorder:
+        """Record ``response_id``'s events; ``owner``'s finished streams count against its share."""
 
     async def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
         """The response ended: record ``terminal`` unless one was, and keep it readable a while."""

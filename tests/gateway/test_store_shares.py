@@ -1,10 +1,13 @@
 """Per-organization shares of the stores (issue 30, tenants): one organization filling the
-response store or the conversation store evicts its own oldest entries, never another's, in
-memory and in Redis (``--store redis``, the local Redis: tests/redis_support.py)."""
+response store, the conversation store or the finished event streams (streamed retrieval) evicts
+its own oldest entries, never another's, in memory and in Redis (``--store redis``, the local
+Redis: tests/redis_support.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,6 +40,7 @@ async def hosted(tmp_path, backend: str) -> AsyncIterator[tuple[Any, list[dict[s
                 await create_org(app.state.accounts.db, org, credits_usd=10)
                 headers.append({"Authorization": f"Bearer {(await create_key(app.state.accounts.db, org)).key}"})
             async with client_for(app) as c:
+                c.app = app  # type: ignore[attr-defined]
                 yield c, headers
     finally:
         if namespace is not None:
@@ -84,3 +88,28 @@ async def test_a_conversation_larger_than_the_orgs_share_is_refused_saying_so(tm
         r = await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "z" * (20 << 10)}]}, headers=acme))
         assert r.status_code == 400, r.text
         assert "organization's share" in r.json()["error"]["message"], r.text
+
+
+
+async def _streamed(c, body: dict, headers: dict[str, str]) -> str:
+    """A stored foreground stream to its end (hosted gateways record those for streamed
+    retrieval; they run no background jobs); its response id."""
+    r = await bounded(c.post("/v1/responses", json={**body, "stream": True}, headers=headers))
+    assert r.status_code == 200, r.text
+    return r.text.split('"id":"', 1)[1].split('"', 1)[0]
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_one_orgs_finished_streams_never_push_out_anothers(tmp_path, backend):
+    async with hosted(tmp_path, backend) as (c, (acme, globex)):
+        events = c.app.state.responses.event_buffers
+        events.max_finished, events.max_total_bytes = 8, 600_000
+        mine = await _streamed(c, {"model": MODEL, "input": "keep me"}, globex)
+        heavy = {"model": MODEL, "input": "work", "instructions": "x" * 50_000}
+        flood = [await _streamed(c, heavy, acme) for _ in range(12)]  # each ~150 KB: past 600 KB in all, and acme's quarter
+        deadline = time.monotonic() + 10  # Redis marks a stream finished just after its last event
+        while (await bounded(c.get(f"/v1/responses/{flood[0]}", params={"stream": "true"}, headers=acme))).status_code == 200:
+            assert time.monotonic() < deadline, "acme's oldest stream was kept past its share"
+            await asyncio.sleep(0.05)
+        kept = await bounded(c.get(f"/v1/responses/{mine}", params={"stream": "true"}, headers=globex))
+        assert kept.status_code == 200 and "response.completed" in kept.text, kept.text[:300]

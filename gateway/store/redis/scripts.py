@@ -413,30 +413,62 @@ return seq
 """
 
 # ARGV: stream key prefix (NS:ev:), id, finished set, ttl ms (0: none), max finished, the stream's
-# bytes (-1: weigh it here), max bytes of all finished streams. Keeps the finished stream readable a
-# while; the oldest finished streams past either cap are dropped. Each one's weight is in the hash
-# ``<finished>:bytes``, their sum under its field ``#total``.
+# bytes (-1: weigh it here), max bytes of all finished streams, owner ('': none). Keeps the finished
+# stream readable a while; the owner's oldest finished streams past its share of either cap are
+# dropped, then the heaviest owner's (or, without owners, the oldest) past either cap. Each one's
+# weight is in the hash ``<finished>:bytes``, their sum under its field ``#total``; an owner's ids
+# are in the sorted set ``<finished>:o:<owner>``, its bytes in ``<finished>:heavy``, each id's owner
+# in the hash ``<finished>:own``.
 EVENTS_FINISH = LIB + r"""
 local prefix, id, finished = ARGV[1], ARGV[2], ARGV[3]
 local ttl, max = tonumber(ARGV[4]), tonumber(ARGV[5])
 local size, max_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
-local sizes = finished .. ':bytes'
+local owner = ARGV[8] or ''
+local sizes, owners, heavy = finished .. ':bytes', finished .. ':own', finished .. ':heavy'
 if size < 0 then
   size = 0
   for _, entry in ipairs(redis.call('XRANGE', prefix .. id, '-', '+')) do size = size + #entry[2][2] end
 end
 if ttl > 0 then redis.call('PEXPIRE', prefix .. id, ttl) else redis.call('PERSIST', prefix .. id) end
-redis.call('ZADD', finished, now_ms(), id)
+local now = now_ms()
+redis.call('ZADD', finished, now, id)
 local was = tonumber(redis.call('HGET', sizes, id) or '0')
 redis.call('HSET', sizes, id, size)
-local total = redis.call('HINCRBY', sizes, '#total', size - was)
-local count = redis.call('ZCARD', finished)
-while count > 1 and (count > max or total > max_bytes) do
-  local old = redis.call('ZRANGE', finished, 0, 0)[1]
+redis.call('HINCRBY', sizes, '#total', size - was)
+if owner ~= '' and not redis.call('HGET', owners, id) then
+  redis.call('HSET', owners, id, owner)
+  redis.call('ZADD', finished .. ':o:' .. owner, now, id)
+  redis.call('ZINCRBY', heavy, size, owner)
+end
+local function drop(old)
   redis.call('DEL', prefix .. old)
   redis.call('ZREM', finished, old)
-  total = redis.call('HINCRBY', sizes, '#total', -tonumber(redis.call('HGET', sizes, old) or '0'))
+  local weight = tonumber(redis.call('HGET', sizes, old) or '0')
+  redis.call('HINCRBY', sizes, '#total', -weight)
   redis.call('HDEL', sizes, old)
+  local who = redis.call('HGET', owners, old)
+  if who then
+    redis.call('HDEL', owners, old)
+    redis.call('ZREM', finished .. ':o:' .. who, old)
+    if redis.call('ZCARD', finished .. ':o:' .. who) == 0 then redis.call('ZREM', heavy, who) else redis.call('ZINCRBY', heavy, -weight, who) end
+  end
+end
+if owner ~= '' then
+  local mine = finished .. ':o:' .. owner
+  while true do
+    local n = redis.call('ZCARD', mine)
+    if n <= 1 then break end
+    if n <= SHARE * max and tonumber(redis.call('ZSCORE', heavy, owner) or '0') <= SHARE * max_bytes then break end
+    drop(redis.call('ZRANGE', mine, 0, 0)[1])
+  end
+end
+local count = redis.call('ZCARD', finished)
+while count > 1 and (count > max or tonumber(redis.call('HGET', sizes, '#total') or '0') > max_bytes) do
+  local victim = nil
+  local heaviest = redis.call('ZREVRANGE', heavy, 0, 0)[1]
+  if heaviest then victim = redis.call('ZRANGE', finished .. ':o:' .. heaviest, 0, 0)[1] end
+  if not victim then victim = redis.call('ZRANGE', finished, 0, 0)[1] end
+  drop(victim)
   count = count - 1
 end
 return 1
