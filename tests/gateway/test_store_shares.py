@@ -15,7 +15,7 @@ import pytest
 
 from kiln.gateway.accounts.keys import create_key
 from kiln.gateway.accounts.orgs import create_org
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
 from tests.redis_support import drop_namespace, new_namespace, shared_redis_url
@@ -102,7 +102,7 @@ async def _streamed(c, body: dict, headers: dict[str, str]) -> str:
 @pytest.mark.parametrize("backend", ["memory", "redis"])
 async def test_one_orgs_finished_streams_never_push_out_anothers(tmp_path, backend):
     async with hosted(tmp_path, backend) as (c, (acme, globex)):
-        events = c.app.state.responses.event_buffers
+        events = c.app.state.responses.stores.events
         events.max_finished, events.max_total_bytes = 8, 600_000
         mine = await _streamed(c, {"model": MODEL, "input": "keep me"}, globex)
         heavy = {"model": MODEL, "input": "work", "instructions": "x" * 50_000}

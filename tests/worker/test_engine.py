@@ -22,7 +22,7 @@ from kiln.worker.engine.cache import PrefixCache
 from kiln.worker.engine.layout import choose_weight_layout
 from kiln.worker.engine.native_decode import NativeDecoder
 from kiln.worker.loading.device import cast_floating, dequantize_modules
-from kiln.worker.native import cpu_kernels
+from kiln.worker.native.build import cpu_kernels
 
 VOCAB = 256
 
