@@ -18,7 +18,8 @@ from ..body import read_json
 from ..errors import ApiError, invalid
 from ...lifecycle.history import conversation_key
 from ...lifecycle.service import ResponsesService
-from ...store.conversations import Conversation, as_resource_item, new_conversation_id
+from ...store.conversations import Conversation, as_resource_item, conversation_size, new_conversation_id
+from ...store.lru import OWNER_SHARE
 from ...store.protocols import ConversationStore
 from ...doors.validation import check_metadata, normalize_input
 from .pagination import item_list, item_page
@@ -86,6 +87,15 @@ async def _index(request: Request, key: str, items: list[dict]) -> None:
     await _service(request).references.index(_owner(request), items, ("conversation", key))
 
 
+def _too_large(conv: Conversation, store: ConversationStore, owner: Any) -> str:
+    """Which limit a conversation the store could not keep is over: the organization's share of
+    the store (hosted), or the store's whole byte budget."""
+    size = conversation_size(conv)
+    if owner is not None and size > OWNER_SHARE * store.max_bytes:
+        return f"The conversation ({size} bytes) is larger than this organization's share of the conversation store ({int(OWNER_SHARE * store.max_bytes)} bytes)."
+    return f"The conversation ({size} bytes) does not fit the conversation store's byte budget ({store.max_bytes} bytes)."
+
+
 async def create_conversation(request: Request) -> Response:
     raw = await _body(request)
     store = _store(request)
@@ -94,7 +104,7 @@ async def create_conversation(request: Request) -> Response:
     conv = Conversation(new_conversation_id(), int(time.time()), metadata, [as_resource_item(i) for i in items])
     key = conversation_key(conv.id, _owner(request))
     if not await store.create(key, conv):  # with its items, in one write
-        raise invalid("The conversation does not fit the conversation store's byte budget.")
+        raise invalid(_too_large(conv, store, _owner(request)), param="items")
     await _index(request, key, conv.items)
     return JSONResponse(conv.resource())
 
