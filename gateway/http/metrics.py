@@ -2,7 +2,8 @@
 
 Request counts and in-flight come from a thin ASGI wrapper; time to first token, inter-token gaps
 and token counts from the generation path; worker load and prefix-cache hit ratio are read from the
-pool's heartbeat figures at scrape time, so they cost nothing between scrapes.
+pool's heartbeat figures at scrape time, so they cost nothing between scrapes. Workers are
+labelled by the tag ``/health`` shows (a digest of the id), never by the id itself.
 
 Access: in local mode ``/metrics`` is open (the gateway listens on loopback). In hosted mode
 (``app.state.accounts`` set) the figures are the operator's, not a tenant's, so ``/metrics`` needs
@@ -26,6 +27,7 @@ from starlette.responses import Response
 from kiln.protocol.usage import Usage
 
 from .errors import ApiError
+from .routes.health import worker_tag
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -67,7 +69,8 @@ class _WorkerCollector:
             )
         }
         for w in list(self.pool.workers.values()):
-            labels = [w.info.worker_id, w.info.model]
+            # The tag /health shows, never the id: an id is what a rogue worker would claim.
+            labels = [worker_tag(w.info.worker_id), w.info.model]
             routed.add_metric(labels, w.routed)
             active.add_metric(labels, w.active)
             queued.add_metric(labels, w.queued)

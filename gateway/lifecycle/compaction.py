@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import time
 import uuid
@@ -29,7 +30,7 @@ from kiln.protocol.usage import Usage
 
 from ..http.errors import ApiError, invalid
 from . import truncation
-from .generation import Generation, complete_usage, count_tokens, reply
+from .generation import Generation, cache_scope, complete_usage, count_tokens, reply
 from .sealing import PREFIX as SIGNED_PREFIX
 from ..doors.validation import normalize_input
 from ..pool.worker_request import worker_request
@@ -114,11 +115,13 @@ def expand_items(items: list[dict]) -> list[dict]:
     return out
 
 
-async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None) -> Compaction:
-    """Have a worker compact ``body["input"]`` (stored form; expanded here before sending)."""
+async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None, owner: Any = None) -> Compaction:
+    """Have a worker compact ``body["input"]`` (stored form; expanded here before sending).
+    ``owner``: whose history it is; its summary's prompt goes into that organization's prefix
+    cache scope, as its generations do (never one another organization's lookups could reach)."""
     stored = body["input"]
     wire = {**body, "input": expand_items(stored)}
-    request = worker_request(wire)
+    request = dataclasses.replace(worker_request(wire), cache_scope=cache_scope(owner))
     try:
         worker = pool.pick(model, routing_key(body, session))
     except NoWorker:
@@ -210,7 +213,7 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     window = pool.context_window(model) or 0
     items = body["input"]
     if items and items[-1].get("type") == "compaction_trigger":
-        result = await compact(pool, {**body, "input": items[:-1]}, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session)
+        result = await compact(pool, {**body, "input": items[:-1]}, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session, owner=generation.owner)
         generation.add_prefix_item(result.item)
         generation.done_without_worker = True
         generation.response.finish("completed", complete_usage(result.usage))
@@ -225,7 +228,7 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     if counted < threshold and counted < window - 1:
         return
     rid = generation.response.id
-    result = await compact(pool, body, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session)
+    result = await compact(pool, body, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session, owner=generation.owner)
     if not result.summarized:  # asked for to make room, it made none
         raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
     generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response

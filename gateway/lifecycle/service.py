@@ -130,7 +130,7 @@ class ResponsesService:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
         max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
         body = {**body, "model": model, "input": await self.references.own_input(body["input"], owner)}
-        result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s)
+        result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s, owner=owner)
         return compaction.compact_resource(result, model)
 
     async def start_foreground(self, generation: Generation) -> None:

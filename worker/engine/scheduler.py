@@ -39,6 +39,7 @@ from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeDecoder
 from .native_verdict import CheckSource, build_checked
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
+from .release import release_idle_memory
 from .sampling import make_sampler
 from .speculative import DecodeStats, Speculation
 from .types import EngineRequest, QueueFull, Step
@@ -151,6 +152,9 @@ class Scheduler:
             "cache_lookups": prefix.lookups if prefix else 0,
             "cached_tokens_total": prefix.tokens_served if prefix else 0,
             "cache_bytes": prefix.nbytes if prefix else 0,
+            "mlx_active_bytes": mx.get_active_memory(),
+            "mlx_cache_bytes": mx.get_cache_memory(),
+            "mlx_peak_bytes": mx.get_peak_memory(),
             **self._decode_stats.as_dict(),
         }
 
@@ -178,8 +182,14 @@ class Scheduler:
             self._native = self._batch.native = build_checked(self._model, self._check_source)
         finally:
             self._set_up.set()
+        worked = False  # a turn ran since memory was last released
         try:
             while True:
+                if worked and self._idle():
+                    # Between turns nothing is in flight: return the turns' freed memory to the
+                    # system (release.py), off the lock so that submit() never waits for it.
+                    release_idle_memory()
+                    worked = False
                 with self._cv:
                     while not self._stopping and self._idle():
                         self._cv.wait()
@@ -197,6 +207,7 @@ class Scheduler:
                         self._prefills.append(Prefill(handle, req, self.prefill_chunk))
                 for _, req in dropped:
                     self._finish(req, "cancelled")
+                worked = True
                 try:
                     self._turn(cancels)
                 except Exception as e:  # a bug of ours: fail what is in flight, keep serving

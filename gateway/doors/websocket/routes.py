@@ -16,6 +16,7 @@ the socket idles) and is metered as one usage event with a generation id of its 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -25,12 +26,16 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from kiln.protocol.usage import Usage
+
 from ...accounts.middleware import PRINCIPAL_SCOPE_KEY, socket_principal
 from ...lifecycle.admission import admit
 from ...http.body import parse_json_bytes
 from ..options import DoorOptions
 from ...http.errors import ApiError, invalid
+from ...lifecycle.generation import GenerationFailed, terminal_event
 from ...lifecycle.run import ResponseRun
+from ...lifecycle.response_object import ResponseObject
 from ...http.sse import EventSequencer
 from .connection_state import ConnectionState
 from ..serving import response_stream
@@ -40,6 +45,12 @@ from ..serving import validated as _validated
 log = logging.getLogger("kiln.gateway.websocket")
 
 PENDING_LIMIT = 32  # turns a client may queue behind the running one before it is cut off
+# How long a warm-up (``generate: false``) may take before it is answered while its prefill goes
+# on. Codex gives its start-of-session warm-up 15 s from the moment it opens the socket, then drops
+# the socket and sends the turn on a new one without the warm-up; on a busy CPU the prefill of its
+# ~1.3k-token prompt takes longer than that. The next turn on the socket waits for the prefill
+# anyway (turns run in order), so it still finds the prompt cached.
+WARM_UP_ANSWER_S = 5.0
 _OPEN_KEY = "websockets_open"
 _BY_ORG_KEY = "websockets_open_by_org"  # organization -> its sockets open (hosted mode)
 
@@ -324,6 +335,9 @@ class Session:
 
     async def _stream(self, run: ResponseRun, opening: dict[str, Any], *, warm_up: bool, previous: str | None) -> None:
         """The turn's events as frames, as the SSE door sends them (ResponseRun's contract)."""
+        if warm_up:
+            await self._warm_up(run, opening, previous)
+            return
         seq = EventSequencer()
         response = run.response
 
@@ -334,12 +348,70 @@ class Session:
                 self.state.forget(previous)
 
         try:
-            warming = (lambda: as_warm_up(response)) if warm_up else None
-            async for event in response_stream(run, opening, quiet=warm_up, finishing=warming, finished=keep_or_forget):
+            async for event in response_stream(run, opening, finished=keep_or_forget):
                 await self._send(seq.stamp(event))
-            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": warm_up, "previous_response_id": previous})
+            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": False, "previous_response_id": previous})
         finally:
             await run.finish(client_gone=True)  # a no-op when the run finished above
+
+
+    async def _warm_up(self, run: ResponseRun, opening: dict[str, Any], previous: str | None) -> None:
+        """A ``generate: false`` turn: answered when its prefill is done, or after WARM_UP_ANSWER_S
+        with the usage known so far while the prefill goes on. The turn holds the socket until the
+        prefill is done, so the next turn (its continuation) starts on the cached prompt; the run is
+        finished (stored, billed) then. A prefill that fails after the early answer forgets the
+        warm-up, so its continuation is told ``previous_response_not_found`` and resends."""
+        seq = EventSequencer()
+        response = run.response
+        await self._send(seq.stamp({"type": "response.created", "response": opening}))
+        await self._send(seq.stamp({"type": "response.in_progress", "response": opening}))
+
+        async def prefill() -> None:
+            try:
+                async for _ in run.events():
+                    pass
+            except GenerationFailed:
+                pass  # the response is marked failed
+
+        drain = asyncio.ensure_future(prefill())
+        early = False
+        try:
+            await asyncio.wait({drain}, timeout=WARM_UP_ANSWER_S)
+            if not drain.done():
+                early = True
+                self.state.remember(response.id, run.generation.body["input"], [])
+                await self._send(seq.stamp({"type": "response.completed", "response": early_warm_up(response, run.generation.delivered_usage)}))
+                await drain
+            as_warm_up(response)
+            await run.finish()
+            if response.status in ("completed", "incomplete"):
+                self.state.remember(response.id, run.generation.body["input"], response.data["output"])
+            else:
+                self.state.forget(response.id)
+                if previous is not None:
+                    self.state.forget(previous)
+            if not early:
+                await self._send(seq.stamp(terminal_event(response)))
+            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": True, "answered_early": early, "previous_response_id": previous})
+        finally:
+            if not drain.done():
+                drain.cancel()
+                await asyncio.gather(drain, return_exceptions=True)
+            await run.finish(client_gone=True)  # a no-op when the run finished above
+
+
+def early_warm_up(response: ResponseObject, so_far: Usage | None) -> dict[str, Any]:
+    """The completed answer of a warm-up whose prefill is still running: no output, and the input
+    usage the worker has reported so far (none before its first prefilled chunk)."""
+    snap = response.snapshot()
+    snap["status"] = "completed"
+    snap["completed_at"] = int(time.time())
+    snap["output"] = []
+    if so_far is None:
+        snap.pop("usage", None)
+    else:
+        snap["usage"] = dataclasses.replace(so_far, output_tokens=0, reasoning_tokens=0).to_map()
+    return snap
 
 
 def as_warm_up(response: Any) -> None:
