@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kiln.gateway.accounts.keys import create_key
 from kiln.gateway.accounts.orgs import create_org
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Compact, Generate
 from tests.gateway.inprocess import MODEL, bounded, client_for
