@@ -463,13 +463,6 @@ class WorkerPool:
                     return worker
         return min(candidates, key=lambda w: (w.load / max(w.info.capacity, 1), w.load))
 
-    async def wait_for_worker(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._registered.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
     # -- requests --------------------------------------------------------------------------------
     def limits(self, worker: WorkerHandle, max_output_tokens: int | None = None) -> UsageLimits:
         """What ``worker`` may report for a request capped at ``max_output_tokens`` (None: its window)."""

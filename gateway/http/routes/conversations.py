@@ -17,6 +17,8 @@ from starlette.responses import JSONResponse, Response
 from ..body import read_json
 from ..errors import ApiError, invalid
 from ...lifecycle.history import conversation_key
+from ...doors.serving import owner as _owner
+from ...doors.serving import service as _service
 from ...lifecycle.service import ResponsesService
 from ...store.conversations import Conversation, as_resource_item, new_conversation_id
 from ...store.protocols import ConversationStore
@@ -24,14 +26,6 @@ from ...doors.validation import check_metadata, normalize_input
 from .pagination import item_list, item_page
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call
-
-
-def _service(request: Request) -> ResponsesService:
-    return request.app.state.responses  # type: ignore[no-any-return]
-
-
-def _owner(request: Request) -> Any:
-    return getattr(request.scope.get("kiln.principal"), "org_id", None)
 
 
 def _store(request: Request) -> ConversationStore:
