@@ -14,10 +14,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..body import read_json
 from ..errors import ApiError, invalid
 from ...lifecycle.history import conversation_key
 from ...doors.serving import owner as _owner
+from ...doors.serving import read_body
 from ...doors.serving import service as _service
 from ...lifecycle.service import ResponsesService
 from ...store.conversations import Conversation, as_resource_item, new_conversation_id
@@ -51,13 +51,6 @@ async def _require(request: Request, *, items: bool = True) -> Conversation:
     return conv
 
 
-async def _body(request: Request) -> dict:
-    raw = await read_json(request, request.app.state.settings.max_body_bytes)
-    if not isinstance(raw, dict):
-        raise invalid("The request body must be a JSON object.")
-    return raw
-
-
 async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
     if raw is None:
         return []
@@ -81,7 +74,7 @@ async def _index(request: Request, key: str, items: list[dict]) -> None:
 
 
 async def create_conversation(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     store = _store(request)
     metadata = check_metadata(raw.get("metadata")) or {}
     items = await _items(raw.get("items"), "items", _service(request), _owner(request))
@@ -98,7 +91,7 @@ async def get_conversation(request: Request) -> Response:
 
 
 async def update_conversation(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     await _require(request, items=False)
     if "metadata" not in raw:
         raise invalid("Missing required parameter: 'metadata'.", param="metadata", code="missing_required_parameter")
@@ -127,7 +120,7 @@ async def list_items(request: Request) -> Response:
 
 
 async def add_items(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     await _require(request, items=False)
     if "items" not in raw:
         raise invalid("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
