@@ -114,6 +114,26 @@ def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qty
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", ["random", "max", "min", "zero", "zeros", "ones"])
+@pytest.mark.parametrize("rows", [16, 45, 200])
+def test_prefill_gemm_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows):
+    """The GEMM a prefill chunk's products take (gemm.c, where the build has it): within the same
+    bound as the column loops above, over whole and partial tiles of 16 columns and 8 rows."""
+    rng = np.random.default_rng(3 + rows)
+    k = 512
+    b = blocks(rng, qtype, 37, k, scales)
+    w = quants.dequantize(b, qtype).astype(np.float64)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[-1, 32:64] *= 1e4
+    y = kernel.ggml_gemm(x, b, int(qtype), k).astype(np.float64)
+    xr, d = rounded(x)
+    slack = 1e-5 * (np.abs(xr) @ _block_bound(b, qtype, k).T) + 1e-30
+    assert np.all(np.abs(y - xr @ w.T) <= slack)
+    assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= slack + (d / 2) @ np.abs(w).T * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 8, 11])
 def test_exact_product_is_dequantize_then_multiply(kernel, qtype, rows):
     """The float32 product mlx's forward pass takes for a few rows: the reference product up to
@@ -145,13 +165,13 @@ def tokenizer_md(gguf_path):
     return md
 
 
-def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12):
+def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12, rope_factors=None):
     from kiln.worker.loading.loader import load_model
 
     from .tiny_gguf import CONFIGS, write_pair
 
     cfg = dict(CONFIGS[case], **_SHAPE)
-    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale)
+    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale, rope_factors=rope_factors)
     return load_model(str(gguf_file))
 
 
@@ -219,10 +239,48 @@ def test_model_in_each_type_matches_mlx_step_by_step(tmp_path, tokenizer_md, qua
         step = mx.array(ref[:, -1].argmax(-1)[:, None])
 
 
+def test_rope_freqs_file_takes_the_native_path(tmp_path, tokenizer_md, monkeypatch):
+    """A Llama 3-style Q4_K_M file with a ``rope_freqs`` tensor (factors that change every
+    rotation but the fastest) decodes on the native pass: its build check against mlx's forward
+    pass (the factors applied through mx.fast.rope) passes, and the pass's logits equal mlx's
+    step by step. A pass that rotated by the plain frequencies instead is refused by the same
+    check, so the check sees the factors."""
+    from kiln.worker.engine import native_decode
+    from kiln.worker.engine.native_decode import INT8, NativeDecoder
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.loading.gguf import FactorRoPE
+
+    from .test_native import prefilled, prompts_for
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    half = _SHAPE["head_dim"] // 2
+    factors = np.geomspace(1.0, 40.0, half).astype(np.float32)  # Llama 3's range: 1 to ~32
+    model = _load(tmp_path, tokenizer_md, "llama", "K", rope_factors=factors).model
+    assert all(type(layer.self_attn.rope) is FactorRoPE for layer in model.model.layers)
+    decoder = NativeDecoder.build(model)
+    assert decoder is not None and "GGUF blocks: Q4_K x" in decoder.blocks
+    vocab = model.model.embed_tokens.num_embeddings
+    prompts = prompts_for(2, vocab)
+    ref_cache, ours_cache = prefilled(model, prompts), prefilled(model, prompts)
+    step = mx.array([[(5 * r + 7 * t + 3) % vocab for t in range(2)] for r in range(2)])
+    for _ in range(4):
+        ref = np.array(model(step, cache=ref_cache))
+        assert INT8.agree(decoder.forward(step, ours_cache), ref)
+        step = mx.array(ref[:, -1].argmax(-1)[:, None])
+
+    def plain(rope):
+        half = rope.dims // 2
+        return 10000.0 ** (-np.arange(half, dtype=np.float64) / half), True
+
+    monkeypatch.setattr(native_decode, "rope_frequencies", plain)
+    assert NativeDecoder.build(model) is None
+
+
 def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md):
     """End to end in the engine: the scheduler takes the native pass for a Q4_K_M-style file, a
-    short prompt prefills natively, a long one in chunks through mlx (dequantized pieces), and
-    greedy decoding from both matches mlx-lm's own generation on the same model's first token
+    short prompt prefills natively, a long one in chunks (natively where the build has the GEMM,
+    else through mlx's dequantized pieces), and greedy decoding from both matches mlx-lm's own generation on the same model's first token
     (the later ones may differ by a near tie: 8-bit activations)."""
     from kiln.worker.engine.scheduler import Scheduler
     from kiln.worker.loading.device import keeps_gguf_blocks
@@ -244,3 +302,52 @@ def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, 
         assert s._batch.native is not None and "Q4_K" in s._batch.native.blocks
     finally:
         s.stop()
+
+
+def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path, tokenizer_md, monkeypatch):
+    """A prompt longer than a chunk, on a Q4_K_M-style file: every chunk goes through the native
+    pass (its GEMM), none through mlx's forward pass, and the request's first token is mlx-lm's."""
+    from kiln.worker.engine import prefill as prefill_module
+    from kiln.worker.engine.native_decode import NativeDecoder
+    from kiln.worker.engine.scheduler import Scheduler
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.native.build import cpu_kernels
+
+    from .test_engine import Run, reference
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.gemm:
+        pytest.skip("this build has no prefill GEMM: long prompts go through mlx")
+    model = _load(tmp_path, tokenizer_md, "llama", "K").model
+    vocab = model.model.embed_tokens.num_embeddings
+    prompt = [(11 * j + 3) % vocab for j in range(300)]
+    expected = reference(model, prompt, 1)[0]
+    native_chunks: list[int] = []
+    mlx_chunks: list[int] = []
+    original_prefill, original_run_chunk = NativeDecoder.prefill, prefill_module.Prefill.run_chunk
+
+    def recording_prefill(self, tokens, cache):
+        native_chunks.append(int(np.asarray(tokens).size))
+        return original_prefill(self, tokens, cache)
+
+    def recording_run_chunk(self, model, native=None):
+        done = original_run_chunk(self, model, native)
+        if self.native_cache is None:
+            mlx_chunks.append(done)
+        return done
+
+    monkeypatch.setattr(NativeDecoder, "prefill", recording_prefill)
+    monkeypatch.setattr(prefill_module.Prefill, "run_chunk", recording_run_chunk)
+    s = Scheduler(model, cache_bytes=0, max_batch=4, prefill_chunk=64)
+    s.start()
+    try:
+        run = Run(prompt, temperature=0, max_tokens=2).submit(s)
+        assert len(run.wait(timeout=300).tokens) == 2
+        assert s._native is not None and s._native.prefill_rows > 0
+    finally:
+        s.stop()
+    # 299 prompt tokens (the last is the decode step's): four chunks of 64, then the last 43.
+    assert native_chunks == [64, 64, 64, 64, 43] and mlx_chunks == []
+    assert run.tokens[0] == expected

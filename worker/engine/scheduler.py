@@ -204,7 +204,7 @@ class Scheduler:
                     # counted by neither, and submit() would admit one more than batch + queue.
                     for _ in range(min(room, len(self._waiting))):
                         handle, req = self._waiting.popleft()
-                        self._prefills.append(Prefill(handle, req, self.prefill_chunk))
+                        self._prefills.append(Prefill(handle, req, self._chunk()))
                 for _, req in dropped:
                     self._finish(req, "cancelled")
                 worked = True
@@ -321,6 +321,12 @@ class Scheduler:
         top = d.top if params.top_logprobs else None
         return Step(d.token, d.logprob if want_lp else None, top, reason)
 
+    def _chunk(self) -> int:
+        """A long prompt's chunk: prefill_chunk tokens, at most what the native pass takes where
+        it takes long prompts (their chunks then go through it, prefill.py)."""
+        rows = self._native.prefill_rows if self._native is not None else 0
+        return min(self.prefill_chunk, rows) if rows else self.prefill_chunk
+
     def _prefill(self) -> None:
         """About prefill_chunk tokens of prompt work, first come first served. A turn ends
         when a prompt is done, so its first token does not wait for the prompts queued
@@ -355,7 +361,7 @@ class Scheduler:
             if spent and spent + head.next_chunk() > self.prefill_chunk:
                 return
             try:
-                spent += head.run_chunk(self._model)
+                spent += head.run_chunk(self._model, self._native)
                 cache = head.batch_cache() if head.remaining == 0 else None
             except Exception as e:
                 mx.clear_cache()
@@ -363,7 +369,7 @@ class Scheduler:
                 continue
             if cache is not None:
                 self._prefills.remove(head)
-                self._join([head], cache, own_cache=True)
+                self._join([head], cache, own_cache=head.native_cache is None)
                 return
             mx.clear_cache()  # between chunks of a long prompt
             self._progress(head.req)

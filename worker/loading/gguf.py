@@ -58,12 +58,13 @@ def _mlx_name(gguf_name: str, block_names: Mapping[str, str]) -> str | None:
     return None
 
 
-class _FactorRoPE(nn.Module):
+class FactorRoPE(nn.Module):
     """Interleaved RoPE with per-dimension frequency factors (GGUF `rope_freqs`).
 
     Llama-3.1-style GGUFs bake their long-context frequency scaling into a
     `rope_freqs` tensor that divides each rotation frequency; mlx takes the
-    equivalent wavelengths through `mx.fast.rope(freqs=...)`.
+    equivalent wavelengths through `mx.fast.rope(freqs=...)`. The native decode pass
+    (engine/native_decode.py) rotates by the same wavelengths (``wavelengths``).
     """
 
     def __init__(self, dims: int, base: float, factors: mx.array) -> None:
@@ -75,6 +76,11 @@ class _FactorRoPE(nn.Module):
         # evaluate it and mlx refuses ("There is no Stream(cpu, 0) in current thread"), which
         # failed every Llama 3.1/3.2 GGUF's first request.
         mx.eval(self._freqs)
+
+    @property
+    def wavelengths(self) -> mx.array:
+        """(dims / 2,) float32: pair i turns by position / wavelengths[i]."""
+        return self._freqs
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         return mx.fast.rope(
@@ -202,7 +208,7 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, T
     rope_factors = contents.tensors.get("rope_freqs.weight")
     if rope_factors is not None and arch.name == "llama":
         for layer in model.model.layers:
-            layer.self_attn.rope = _FactorRoPE(args["head_dim"], args["rope_theta"], rope_factors)
+            layer.self_attn.rope = FactorRoPE(args["head_dim"], args["rope_theta"], rope_factors)
     model.eval()
     try:
         model.load_weights(list(weights.items()), strict=True)

@@ -47,8 +47,8 @@ from .threads import TeamSize
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCE = HERE / "decode.c"  # includes qmatmul.c and ggml.c
-SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", SOURCE)
+SOURCE = HERE / "decode.c"  # includes qmatmul.c, ggml.c, gemm.c and attention.c
+SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", HERE / "gemm.c", HERE / "attention.c", SOURCE)
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
 CACHE_ENV = "KILN_NATIVE_CACHE"
 PORTABLE_ENV = "KILN_NATIVE_PORTABLE"
@@ -110,12 +110,16 @@ class CpuKernels:
         self.max_rows: int = library.kiln_qmm_max_rows()
         # Whether this build has 8-bit activations with integer dot products (else float32).
         self.int8: bool = bool(library.kiln_has_int8())
+        # Whether this build multiplies prompt-sized chunks by GGUF blocks with its GEMM (gemm.c).
+        self.gemm: bool = bool(library.kiln_has_gemm())
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
         library.kiln_threads.restype = i32
         library.kiln_ggml_matmul.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
         library.kiln_ggml_matmul.restype = i32
+        library.kiln_ggml_gemm.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
+        library.kiln_ggml_gemm.restype = i32
         library.kiln_ggml_matmul_f32.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr]
         library.kiln_ggml_matmul_f32.restype = i32
         library.kiln_ggml_dequant.argtypes = [i32, i32, i32, ptr, ptr, ptr]
@@ -210,6 +214,19 @@ class CpuKernels:
         product = self._lib.kiln_ggml_matmul_f32 if exact else self._lib.kiln_ggml_matmul
         if product(type_id, rows, n, k, blocks.ctypes.data, x.ctypes.data, y.ctypes.data) != 0:
             raise MemoryError("kiln_ggml_matmul could not allocate its activations")
+        return y
+
+    def ggml_gemm(self, x: np.ndarray, blocks: np.ndarray, type_id: int, k: int) -> np.ndarray:
+        """``x @ W.T`` as a prefill chunk's products compute it (gemm.c where the build has it,
+        else the same 8-bit product as ``ggml_matmul``). x: (M, k) float32 C-contiguous."""
+        rows = x.shape[0]
+        n = blocks.shape[0]
+        if self.ggml_row_bytes(type_id, k) != blocks.shape[1] or x.shape[1] != k or not blocks.flags.c_contiguous:
+            raise ValueError(f"GGML type {type_id} blocks of shape {blocks.shape} do not hold {k}-wide rows")
+        y = np.empty((rows, n), dtype=np.float32)
+        self.enter()
+        if self._lib.kiln_ggml_gemm(type_id, rows, n, k, blocks.ctypes.data, x.ctypes.data, y.ctypes.data) != 0:
+            raise MemoryError("kiln_ggml_gemm could not allocate its activations")
         return y
 
     def ggml_dequantize(self, blocks: np.ndarray, type_id: int, k: int, rows: np.ndarray | None = None) -> np.ndarray:
