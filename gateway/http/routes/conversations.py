@@ -14,9 +14,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..body import read_json
 from ..errors import ApiError, invalid
 from ...lifecycle.history import conversation_key
+from ...doors.serving import owner as _owner
+from ...doors.serving import read_body
+from ...doors.serving import service as _service
 from ...lifecycle.service import ResponsesService
 from ...store.conversations import Conversation, as_resource_item, conversation_size, new_conversation_id
 from ...store.lru import OWNER_SHARE
@@ -25,14 +27,6 @@ from ...doors.validation import check_metadata, normalize_input
 from .pagination import item_list, item_page
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call
-
-
-def _service(request: Request) -> ResponsesService:
-    return request.app.state.responses  # type: ignore[no-any-return]
-
-
-def _owner(request: Request) -> Any:
-    return getattr(request.scope.get("kiln.principal"), "org_id", None)
 
 
 def _store(request: Request) -> ConversationStore:
@@ -56,13 +50,6 @@ async def _require(request: Request, *, items: bool = True) -> Conversation:
         cid = request.path_params["conversation_id"]
         raise ApiError(404, f"Conversation with id '{cid}' not found.", code="not_found", param="conversation_id")
     return conv
-
-
-async def _body(request: Request) -> dict:
-    raw = await read_json(request, request.app.state.settings.max_body_bytes)
-    if not isinstance(raw, dict):
-        raise invalid("The request body must be a JSON object.")
-    return raw
 
 
 async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
@@ -97,7 +84,7 @@ def _too_large(conv: Conversation, store: ConversationStore, owner: Any) -> str:
 
 
 async def create_conversation(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     store = _store(request)
     metadata = check_metadata(raw.get("metadata")) or {}
     items = await _items(raw.get("items"), "items", _service(request), _owner(request))
@@ -114,7 +101,7 @@ async def get_conversation(request: Request) -> Response:
 
 
 async def update_conversation(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     await _require(request, items=False)
     if "metadata" not in raw:
         raise invalid("Missing required parameter: 'metadata'.", param="metadata", code="missing_required_parameter")
@@ -143,7 +130,7 @@ async def list_items(request: Request) -> Response:
 
 
 async def add_items(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     await _require(request, items=False)
     if "items" not in raw:
         raise invalid("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
