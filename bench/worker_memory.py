@@ -46,7 +46,9 @@ def session(base: str, worker_pid: int, turns: int, max_tokens: int) -> list[tup
                 event = json.loads(ws.recv())
                 if event["type"] == "error":
                     raise SystemExit(f"turn {i}: {event}")
-                if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                if event["type"] == "response.failed":
+                    raise SystemExit(f"turn {i}: failed: {event['response'].get('error')}")
+                if event["type"] in ("response.completed", "response.incomplete"):
                     previous = event["response"]["id"]
                     tokens = event["response"]["usage"]["input_tokens"]
                     break

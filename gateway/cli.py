@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -122,6 +122,7 @@ def worker_secret(workers_bind: str, value: str | None, path: str | None, allow_
 def serve(settings: Settings) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
+    from hypercorn.typing import ASGIFramework
 
     from .http.app import create_app
 
@@ -151,6 +152,7 @@ def serve(settings: Settings) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+        # Starlette's ASGI types are looser than Hypercorn's (MutableMapping scopes, not TypedDicts).
+        await hypercorn_serve(cast(ASGIFramework, app), config, shutdown_trigger=stop.wait)
 
     asyncio.run(run())

@@ -50,6 +50,8 @@ class Settings:
     reasoning_echo_max_bytes: int = setting(16 << 20, min=0, spec_env="MLXCEL_REASONING_ECHO_MAX_BYTES", help="Byte budget of the reasoning echo store; 0 turns it off.")
     # None: OpenAI's default, 1.0.
     default_temperature: float | None = setting(None, min=0, max=2, help="Temperature for requests that do not set one (default: 1, as OpenAI). Small models ramble less at 0-0.7; clients such as Codex never send one.")
+    # None: OpenAI's default, 0.
+    default_frequency_penalty: float | None = setting(None, min=-2, max=2, help="frequency_penalty for requests that do not set one (default: 0, as OpenAI). A small model that repeats itself until the output cap stops at 0.3-0.5; clients rarely send one.")
     # The response store (spec: Storage Flags). "none" is the hosted contract's store-less gateway;
     # "redis" shares the stores between gateway replicas through redis_url (docs/deploy-state.md).
     store_mode: Literal["memory", "redis", "none"] = setting("memory", flag="--store", help="memory: keep responses as the Responses API describes, in this process. redis: the same, shared by every gateway replica through --redis-url. none: the hosted contract's store-less gateway.")

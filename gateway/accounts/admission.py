@@ -167,8 +167,3 @@ async def admit(accounts: Accounts, *, principal: Principal, generation_id: str,
 def _no_credits() -> ApiError:
     return ApiError(402, "Your organization has no credits left. Add credits to continue.", code="insufficient_quota")
 
-
-def cost_field(cost: Decimal | None) -> float | None:
-    """``usage.cost`` as the hosted contract shows it on non-streaming bodies (USD, float)."""
-    return None if cost is None else float(cost)
-

@@ -26,6 +26,7 @@ import string
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Row
@@ -86,7 +87,7 @@ class UsageEvent:
     latency_ms: int
     created_at: datetime
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The event as GET /v1/usage shows it."""
         return {
             "object": "usage.event",
@@ -109,7 +110,7 @@ class UsagePage:
     data: list[UsageEvent]
     has_more: bool
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """An OpenAI-style list; ``last_id`` is the ``after`` cursor of the next page."""
         return {
             "object": "list",
@@ -129,7 +130,7 @@ class UsageTotals:
     cost_usd: Decimal
 
 
-def _event(row: Row) -> UsageEvent:
+def _event(row: Row[Any]) -> UsageEvent:
     return UsageEvent(
         generation_id=row.generation_id,
         org_id=row.org_id,
@@ -186,7 +187,7 @@ class Meter:
         if min(counts) < 0:
             raise ValueError("token counts and latency must not be negative")
         cost = self.cost_nanos(record)
-        values = dict(
+        values: dict[str, Any] = dict(
             generation_id=record.generation_id,
             org_id=record.org_id,
             key_prefix=record.key_prefix,

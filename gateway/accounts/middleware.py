@@ -21,8 +21,9 @@ import json
 import logging
 
 import anyio
+from starlette.types import Message, Receive, Scope, Send
 from collections.abc import MutableMapping
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from kiln.gateway.http.errors import ApiError
 from kiln.gateway.doors.anthropic.translate import error_body, is_messages_path
@@ -32,10 +33,6 @@ from .service import Accounts
 
 log = logging.getLogger("kiln.gateway.accounts")
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 # The paths whose requests a generation id names (their ledger rows, or their refusals).
 METERED_PATHS = frozenset({

@@ -120,10 +120,6 @@ class Accounts:
             max_body_bytes=settings.max_body_bytes,
         )
 
-    def has_model(self, model: str) -> bool:
-        """Whether the catalog lists ``model`` (always true without a catalog)."""
-        return self.catalog is None or model in self.catalog
-
     async def open(self) -> None:
         self.db = await Database.open(self.database_url)
         self.auth = Authenticator(self.db, cache_ttl=self.auth_cache_ttl)

@@ -56,6 +56,8 @@ def validated(request: HTTPConnection, raw: dict[str, Any]) -> dict[str, Any]:
     body = validate_create(raw, hosted_tools=settings.hosted_tools, truncation_auto=settings.truncation_auto)
     if body.get("temperature") is None and settings.default_temperature is not None:
         body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
+    if body.get("frequency_penalty") is None and settings.default_frequency_penalty is not None:
+        body["frequency_penalty"] = settings.default_frequency_penalty  # echoed too
     return body
 
 

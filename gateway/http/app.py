@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.middleware import Middleware
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from ..accounts.middleware import AccountsMiddleware
 from ..accounts.service import Accounts
@@ -45,7 +46,7 @@ from ..settings import Settings
 from ..pool.workers import WorkerPool
 
 
-def _api_routes() -> list[tuple[str, object, list[str]]]:
+def _api_routes() -> list[tuple[str, Callable[..., Any], list[str]]]:
     return [
         ("/responses", create_response, ["POST"]),
         ("/responses/input_tokens", input_tokens, ["POST"]),
@@ -64,8 +65,8 @@ def _api_routes() -> list[tuple[str, object, list[str]]]:
     ]
 
 
-def _routes() -> list[Route]:
-    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
+def _routes() -> list[BaseRoute]:
+    routes: list[BaseRoute] = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_endpoint, methods=["GET"])]
     for path, endpoint, methods in _api_routes():
         # Mounted with and without /v1, as the OpenAI SDKs accept either base URL.
         routes.append(Route("/v1" + path, endpoint, methods=methods))
@@ -146,7 +147,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
 
     metrics = Metrics(pool)
     app = Starlette(
-        routes=(hosted_routes(accounts) + ADMIN_ROUTES if accounts is not None else []) + _routes() + web_routes(settings),
+        routes=[*(hosted_routes(accounts) + ADMIN_ROUTES if accounts is not None else []), *_routes(), *web_routes(settings)],
         middleware=[Middleware(EdgeMiddleware, settings=settings), Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},

@@ -32,18 +32,14 @@ import asyncio
 import ipaddress
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATH = "/health"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -213,7 +209,7 @@ class _Exchange:
         self.body_done = not has_body
         self.failure: ApiError | None = None
         self.started = False
-        self._drainer: asyncio.Task | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     async def receive(self) -> Message:
         if self.body_done:

@@ -21,7 +21,12 @@ import os
 import re
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from os import PathLike
+from typing import IO, Any
+
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ENV = "KILN_REQUEST_LOG"
 BODIES_ENV = "KILN_REQUEST_LOG_BODIES"
@@ -35,7 +40,7 @@ def item_hash(item: Any) -> str:
     return hashlib.sha256(json.dumps(item, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def summarize_request(path: str, body: Any) -> dict:
+def summarize_request(path: str, body: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": path}
     if not isinstance(body, dict):
         entry["body_error"] = "not a JSON object"
@@ -44,7 +49,7 @@ def summarize_request(path: str, body: Any) -> dict:
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
     items = items if isinstance(items, list) else []
-    meta = body.get("client_metadata") if isinstance(body.get("client_metadata"), dict) else {}
+    meta: dict[str, Any] = body["client_metadata"] if isinstance(body.get("client_metadata"), dict) else {}
     kind = meta.get("request_kind")
     if kind is None and isinstance(meta.get("x-codex-turn-metadata"), str):
         try:
@@ -72,7 +77,7 @@ def _item_type(item: Any) -> str:
     return f"{kind}:{item['role']}" if kind == "message" and "role" in item else str(kind)
 
 
-def summarize_answer(status: int, content_type: str, tail: bytes) -> dict:
+def summarize_answer(status: int, content_type: str, tail: bytes) -> dict[str, Any]:
     """What the answer said: the terminal SSE event and usage, or the error of a JSON body."""
     out: dict[str, Any] = {"status": status}
     text = tail.decode("utf-8", "replace")
@@ -107,22 +112,31 @@ def summarize_answer(status: int, content_type: str, tail: bytes) -> dict:
     return out
 
 
+@dataclass
+class _Answer:
+    """What the response said, as far as the log needs it."""
+
+    status: int = 0
+    content_type: str = ""
+    tail: bytes = b""
+
+
 class RequestLogMiddleware:
     """ASGI middleware appending one JSON line per ``/responses`` request to ``path``."""
 
-    def __init__(self, app, path: str, bodies: bool | None = None) -> None:
+    def __init__(self, app: ASGIApp, path: str, bodies: bool | None = None) -> None:
         self.app = app
         self.path = path
         self.bodies = os.environ.get(BODIES_ENV, "") not in ("", "0") if bodies is None else bodies
         self._lock = threading.Lock()
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not _PATHS.match(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
         more = True
-        buffered = []
+        buffered: list[Message] = []
         while more:
             message = await receive()
             buffered.append(message)
@@ -131,7 +145,7 @@ class RequestLogMiddleware:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
 
-        async def replay():
+        async def replay() -> Message:
             if buffered:
                 return buffered.pop(0)
             return await receive()
@@ -143,22 +157,22 @@ class RequestLogMiddleware:
         entry = {"ts": round(time.time(), 3), **summarize_request(scope["path"], body)}
         if self.bodies:
             entry["body"] = body
-        answer = {"status": 0, "content_type": "", "tail": b""}
+        answer = _Answer()
 
-        async def tap(message):
+        async def tap(message: Message) -> None:
             if message["type"] == "http.response.start":
-                answer["status"] = message["status"]
+                answer.status = message["status"]
                 for key, value in message.get("headers", []):
                     if key.lower() == b"content-type":
-                        answer["content_type"] = value.decode("latin-1")
+                        answer.content_type = value.decode("latin-1")
             elif message["type"] == "http.response.body":
-                answer["tail"] = (answer["tail"] + message.get("body", b""))[-_TAIL:]
+                answer.tail = (answer.tail + message.get("body", b""))[-_TAIL:]
             await send(message)
 
         try:
             await self.app(scope, replay, tap)
         finally:
-            entry.update(summarize_answer(answer["status"], answer["content_type"], answer["tail"]))
+            entry.update(summarize_answer(answer.status, answer.content_type, answer.tail))
             entry["seconds"] = round(time.time() - entry["ts"], 3)
             try:
                 line = json.dumps(entry, default=str) + "\n"
@@ -169,12 +183,12 @@ class RequestLogMiddleware:
                 f.write(line)
 
 
-def _open_private(path: str):
+def _open_private(path: str) -> IO[str]:
     """Append to the log, creating it owner-only: with bodies on it holds the clients' prompts."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
 
 
-def install_request_log(app, path: str | None = None) -> None:
+def install_request_log(app: Starlette, path: str | None = None) -> None:
     """Add the request log to a Starlette app when ``path`` (default: $KILN_REQUEST_LOG) is set."""
     path = path or os.environ.get(ENV)
     if not path or getattr(app.state, "request_log", None):
@@ -183,7 +197,7 @@ def install_request_log(app, path: str | None = None) -> None:
     app.state.request_log = path
 
 
-def read_log(path) -> list[dict]:
+def read_log(path: str | PathLike[str]) -> list[dict[str, Any]]:
     """The entries of a request log file (for tests)."""
     try:
         with open(path, encoding="utf-8") as f:

@@ -9,7 +9,7 @@ has it); only a server without the extension gets the close.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from starlette.types import Receive, Scope, Send
 
 from .errors import ApiError
 
@@ -17,7 +17,7 @@ WEBSOCKET_PATHS = frozenset({"/v1/responses", "/responses"})
 _DENIAL = "websocket.http.response"
 
 
-async def deny_upgrade(scope: dict[str, Any], receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]], error: ApiError) -> None:
+async def deny_upgrade(scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
     """Answer a WebSocket handshake with ``error`` as an HTTP response instead of accepting it."""
     message = await receive()  # websocket.connect: the handshake, before any answer
     if message.get("type") != "websocket.connect":

@@ -62,7 +62,7 @@ class BackgroundJobs:
         if worker.overloaded():
             await jobs.withdraw(job)
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
-        job.events = self.stores.events.open(response.id)
+        job.events = self.stores.events.open(response.id, generation.owner)
         job.events.record({"type": "response.created", "response": job_view(response)})
         await job.events.flush()  # readable by streamed retrieval on any replica from now on
         job.task = asyncio.create_task(self._run(job), name=f"kiln-job-{response.id}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..store.lru import OWNER_SHARE
 from ..store.protocols import Job, StoreUnavailable
 from ..store.responses import StoredResponse
 from ..store.stores import Stores
@@ -50,9 +51,11 @@ class Persistence:
         if not body.get("store", True) and not ephemeral:
             return
         stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
-        if background and store.size_of(stored) > store.max_bytes:
+        # An organization may fill its share of the store (store/lru.py), local mode all of it.
+        budget, whose = (store.max_bytes, "the response store's byte budget") if owner is None else (int(OWNER_SHARE * store.max_bytes), "this organization's share of the response store")
+        if background and store.size_of(stored) > budget:
             # Too large for the budget: keep a failed stub so that a poll still gets an answer.
-            stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": "The finished response is larger than the response store's byte budget."})
+            stub = dict(snapshot, status="failed", output=[], usage=zero_usage(), error={"code": "server_error", "message": f"The finished response is larger than {whose} ({budget} bytes)."})
             stored = StoredResponse(stub, [], ephemeral=ephemeral, extra={"owner": owner})
         kept = await self.stores.jobs.finish(job, stored) if job is not None else await store.put(stored)
         if kept and not ephemeral and stored.response is snapshot:

@@ -173,4 +173,4 @@ class ResponsesService:
         retrieval can follow it while it runs; None when it is not stored."""
         if not self.persistence.keeps(generation.body):
             return None
-        return self.stores.events.open(generation.response.id).keep
+        return self.stores.events.open(generation.response.id, generation.owner).keep

@@ -30,9 +30,9 @@ log = logging.getLogger("kiln.gateway.pool.workers")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-_WHY = {
-    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "it does not use CURVE (no --worker-secret set on that worker?)",
-    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "its worker secret differs from the gateway's",
+_WHY: dict[int, str] = {
+    int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): "it does not use CURVE (no --worker-secret set on that worker?)",
+    int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC): "its worker secret differs from the gateway's",
 }
 
 
@@ -77,7 +77,7 @@ class WorkerAuthenticator:
         self._zap: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._watched: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         """Bind the ZAP handler; call before the ROUTER binds, so no client is ever unchecked."""

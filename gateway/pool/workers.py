@@ -282,7 +282,7 @@ class WorkerPool:
         self._banned: dict[bytes, None] = {}  # insertion-ordered set, bounded by BANNED_LIMIT
         self._claims = RefusalLog()  # registrations under a worker id another connection holds
         self._sock: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._registered = asyncio.Event()
         # Every name (id or alias) a worker has registered -> its model id, kept after the worker
         # goes, so that a model whose worker is restarting answers 503 (retry) instead of 404.
@@ -463,13 +463,6 @@ class WorkerPool:
                     return worker
         return min(candidates, key=lambda w: (w.load / max(w.info.capacity, 1), w.load))
 
-    async def wait_for_worker(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._registered.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
     # -- requests --------------------------------------------------------------------------------
     def limits(self, worker: WorkerHandle, max_output_tokens: int | None = None) -> UsageLimits:
         """What ``worker`` may report for a request capped at ``max_output_tokens`` (None: its window)."""
@@ -569,10 +562,10 @@ class WorkerPool:
         if identity in self._banned:  # warned about when it was dropped
             await self._send(identity, Registered(ok=False, error=BANNED_ERROR))
             return
-        error = register_violation(message)
-        if error is not None:
-            log.warning("refused worker %r: %s", identity, error)
-            await self._send(identity, Registered(ok=False, error=error))
+        violation = register_violation(message)
+        if violation is not None:
+            log.warning("refused worker %r: %s", identity, violation)
+            await self._send(identity, Registered(ok=False, error=violation))
             return
         holder = next((w for i, w in self.workers.items() if i != identity and w.info.worker_id == message.worker_id), None)
         if holder is not None:

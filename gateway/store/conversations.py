@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lru import BoundedLRU, approx_bytes
+from .lru import OWNER_SHARE, BoundedLRU, approx_bytes
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs", "compaction": "cmp"}
 
@@ -73,11 +73,6 @@ class Conversation:
         return next((i for i in self.items if i.get("id") == item_id), None)
 
 
-# The most of the store (entries and bytes) one organization may fill: beyond it its own oldest
-# conversations go, and when the store is full the organization holding the most loses first.
-OWNER_SHARE = 0.25
-
-
 def key_owner(key: str) -> str | None:
     """The organization of a conversation key (``history.conversation_key``: ``owner:id``, or the
     bare id locally, where one tenant owns everything)."""
@@ -94,6 +89,10 @@ class MemoryConversationStore:
     @property
     def enabled(self) -> bool:
         return self._lru.enabled
+
+    @property
+    def max_bytes(self) -> int:
+        return self._lru.max_bytes
 
     async def header(self, key: str) -> Conversation | None:
         conv = self._lru.get(key)

@@ -7,7 +7,10 @@ last ``max_events`` events within ``max_bytes`` of JSON (older ones are dropped;
 ``starting_after`` before the oldest kept is refused), and finished buffers stay readable for the
 ``max_finished`` most recent responses while they hold ``max_total_bytes`` in all (the oldest is
 evicted first, and then reads as an expired stream). Bytes, not only counts: one event with
-``top_logprobs`` or a terminal event's whole response can weigh kilobytes to megabytes.
+``top_logprobs`` or a terminal event's whole response can weigh kilobytes to megabytes. A buffer
+opened for an owner (an organization) counts against its share (``OWNER_SHARE``) of both caps: its
+own oldest go first, and when the whole is full the owner holding the most bytes loses first, so
+one organization's streams never push another's out.
 
 ``EventBuffers`` is the EventLog of one process; ``redis/events.py`` keeps the same numbered
 events in Redis streams, so that any replica can replay and follow them.
@@ -20,6 +23,8 @@ import json
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any
+
+from .lru import OWNER_SHARE
 
 DEFAULT_MAX_EVENTS = 4096
 DEFAULT_MAX_FINISHED = 256
@@ -51,6 +56,7 @@ class EventBuffer:
         self._next = 0
         self.done = False
         self._changed = asyncio.Event()
+        self.owner: Any = None
 
     def _append(self, stamped: dict[str, Any]) -> None:
         """Keep one numbered event, dropping the oldest beyond the count or the byte bound (the
@@ -132,9 +138,12 @@ class EventBuffers:
         self._live: dict[str, EventBuffer] = {}
         self._finished: OrderedDict[str, EventBuffer] = OrderedDict()
         self.finished_bytes = 0  # what the finished buffers hold (they no longer change)
+        # owner -> [bytes], its finished buffers oldest first
+        self._owners: dict[Any, tuple[list[int], OrderedDict[str, None]]] = {}
 
-    def open(self, response_id: str) -> EventBuffer:
+    def open(self, response_id: str, owner: Any = None) -> EventBuffer:
         buffer = EventBuffer(self.max_events, self.max_bytes)
+        buffer.owner = owner
         self._live[response_id] = buffer
         return buffer
 
@@ -148,9 +157,32 @@ class EventBuffers:
         buffer.close()
         self._finished[response_id] = buffer
         self.finished_bytes += buffer.nbytes
+        if buffer.owner is not None:
+            held, ids = self._owners.setdefault(buffer.owner, ([0], OrderedDict()))
+            held[0] += buffer.nbytes
+            ids[response_id] = None
+            while len(ids) > 1 and (len(ids) > OWNER_SHARE * self.max_finished or held[0] > OWNER_SHARE * self.max_total_bytes):
+                self._evict(next(iter(ids)))  # the owner's own oldest first
         while self._finished and (len(self._finished) > self.max_finished or self.finished_bytes > self.max_total_bytes):
-            _, evicted = self._finished.popitem(last=False)
-            self.finished_bytes -= evicted.nbytes
+            self._evict(self._victim())
+
+    def _victim(self) -> str:
+        """The finished buffer to evict when all are full: the heaviest owner's oldest, else the oldest."""
+        if self._owners:
+            return next(iter(max(self._owners.values(), key=lambda o: o[0][0])[1]))
+        return next(iter(self._finished))
+
+    def _evict(self, response_id: str) -> None:
+        evicted = self._finished.pop(response_id, None)
+        if evicted is None:
+            return
+        self.finished_bytes -= evicted.nbytes
+        if evicted.owner in self._owners:
+            held, ids = self._owners[evicted.owner]
+            held[0] -= evicted.nbytes
+            ids.pop(response_id, None)
+            if not ids:
+                del self._owners[evicted.owner]
 
     def get(self, response_id: str) -> EventBuffer | None:
         return self._live.get(response_id) or self._finished.get(response_id)
@@ -163,6 +195,4 @@ class EventBuffers:
 
     def forget(self, response_id: str) -> None:
         self._live.pop(response_id, None)
-        finished = self._finished.pop(response_id, None)
-        if finished is not None:
-            self.finished_bytes -= finished.nbytes
+        self._evict(response_id)

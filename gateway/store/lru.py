@@ -13,6 +13,11 @@ from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
+# The most of a store (entries and bytes) one organization may fill: beyond it its own oldest
+# entries go, and when the store as a whole is full the organization holding the most loses
+# first. One value for every store with tenants, in memory and in Redis (redis/scripts.py).
+OWNER_SHARE = 0.25
+
 
 def approx_bytes(value: Any) -> int:
     """Serialized JSON size: what a value costs to keep, near enough for a budget."""
@@ -24,16 +29,18 @@ class _Entry(Generic[V]):
     value: V
     size: int
     expires_at: float | None
+    owner: Any = None
 
 
 class BoundedLRU(Generic[V]):
     """``max_entries`` 0 means nothing is kept; ``max_bytes`` 0 means an entry is evicted as
     soon as it is put; ``ttl_s`` 0 means entries never expire.
 
-    With ``owner_of`` (key -> its tenant, None for none) and ``owner_share``, one tenant keeps at
-    most that share of the entries and bytes (its own oldest go first), and when the store as a
-    whole is full the tenant holding the most bytes loses its oldest entry: a tenant filling the
-    store evicts its own entries, never a smaller tenant's."""
+    Entries may have a tenant: given to ``put`` (``owner``), or else ``owner_of(key)`` (None for
+    none). With ``owner_share``, one tenant keeps at most that share of the entries and bytes
+    (its own oldest go first), and when the store as a whole is full the tenant holding the most
+    bytes loses its oldest entry: a tenant filling the store evicts its own entries, never a
+    smaller tenant's."""
 
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, *, clock: Callable[[], float] = time.monotonic, owner_of: Callable[[str], Any] | None = None, owner_share: float = 1.0) -> None:
         self.max_entries = max_entries
@@ -58,20 +65,27 @@ class BoundedLRU(Generic[V]):
     def enabled(self) -> bool:
         return self.max_entries > 0
 
-    def put(self, key: str, value: V, size: int, *, ttl_s: float | None = None) -> bool:
-        """Keep ``value``; False when it could not be kept (store off or larger than the budget)."""
+    def put(self, key: str, value: V, size: int, *, ttl_s: float | None = None, owner: Any = None) -> bool:
+        """Keep ``value``; False when it could not be kept (store off, or larger than the budget
+        or than its tenant's share of it)."""
         self.delete(key)
         if not self.enabled or size > self.max_bytes:
             return False
         ttl = self.ttl_s if ttl_s is None else ttl_s
         expires_at = self.clock() + ttl if ttl else None
-        self._entries[key] = _Entry(value, size, expires_at)
+        if owner is None and self.owner_of is not None:
+            owner = self.owner_of(key)
+        self._entries[key] = _Entry(value, size, expires_at, owner)
         if expires_at is not None:
             heapq.heappush(self._expiry, (expires_at, key))
         self.bytes += size
-        self._own(key, size)
+        self._own(key, owner, size)
         self._evict(key)
         return key in self._entries
+
+    def share_bytes(self) -> int:
+        """The most bytes one tenant may hold."""
+        return int(self.owner_share * self.max_bytes)
 
     def get(self, key: str) -> V | None:
         entry = self._entries.get(key)
@@ -89,7 +103,7 @@ class BoundedLRU(Generic[V]):
         if entry is None:
             return False
         self.bytes -= entry.size
-        self._own(key, -entry.size)
+        self._own(key, entry.owner, -entry.size)
         return True
 
     def resize(self, key: str, value: V, size: int) -> None:
@@ -99,15 +113,14 @@ class BoundedLRU(Generic[V]):
             self.put(key, value, size)
             return
         self.bytes += size - entry.size
-        self._own(key, size - entry.size)
+        self._own(key, entry.owner, size - entry.size)
         entry.value, entry.size = value, size
         self._entries.move_to_end(key)
         self._evict(key)
 
     # -- tenants ---------------------------------------------------------------------------------
-    def _own(self, key: str, delta: int) -> None:
+    def _own(self, key: str, owner: Any, delta: int) -> None:
         """Account ``delta`` bytes of ``key`` (put, resized or deleted just now) to its tenant."""
-        owner = self.owner_of(key) if self.owner_of is not None else None
         if owner is None:
             return
         held, keys = self._owners.setdefault(owner, ([0], OrderedDict()))
@@ -121,7 +134,7 @@ class BoundedLRU(Generic[V]):
                 del self._owners[owner]
 
     def _touch(self, key: str) -> None:
-        owner = self.owner_of(key) if self.owner_of is not None else None
+        owner = self._entries[key].owner
         if owner in self._owners and key in self._owners[owner][1]:
             self._owners[owner][1].move_to_end(key)
 
@@ -147,9 +160,9 @@ class BoundedLRU(Generic[V]):
         if len(self._expiry) > 2 * len(self._entries) + 1024:
             self._expiry = [(e.expires_at, k) for k, e in self._entries.items() if e.expires_at is not None]
             heapq.heapify(self._expiry)
-        if added is not None and self.owner_of is not None:
-            owner = self.owner_of(added)
+        if added is not None and added in self._entries:
+            owner = self._entries[added].owner
             while owner in self._owners and self._over_share(owner):
                 self.delete(next(iter(self._owners[owner][1])))  # the tenant's own oldest first
         while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
-            self.delete(self._victim() if self.owner_of is not None else next(iter(self._entries)))
+            self.delete(self._victim())

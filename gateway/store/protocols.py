@@ -83,6 +83,10 @@ class ConversationStore(Protocol):
     @property
     def enabled(self) -> bool: ...
 
+    @property
+    def max_bytes(self) -> int:
+        """The byte budget of the whole store (an organization may fill ``OWNER_SHARE`` of it)."""
+
     async def create(self, key: str, conv: Conversation) -> bool: ...
 
     async def get(self, key: str) -> Conversation | None:
@@ -227,7 +231,8 @@ class EventReader(Protocol):
 class EventLog(Protocol):
     """Per-response event buffers for streamed retrieval."""
 
-    def open(self, response_id: str) -> EventRecorder: ...
+    def open(self, response_id: str, owner: Any = None) -> EventRecorder:
+        """Record ``response_id``'s events; ``owner``'s finished streams count against its share."""
 
     async def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
         """The response ended: record ``terminal`` unless one was, and keep it readable a while."""

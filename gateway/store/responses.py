@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lru import BoundedLRU, approx_bytes
+from .lru import OWNER_SHARE, BoundedLRU, approx_bytes
 
 
 @dataclass
@@ -35,10 +35,12 @@ class StoredResponse:
 
 
 class MemoryResponseStore:
-    """The ResponseStore of one process: a byte-, entry- and TTL-bounded LRU."""
+    """The ResponseStore of one process: a byte-, entry- and TTL-bounded LRU in which each
+    organization (the response's owner) keeps at most ``OWNER_SHARE`` of the entries and bytes,
+    so that one filling the store evicts its own responses, never another's."""
 
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, ephemeral_ttl_s: float) -> None:
-        self._lru: BoundedLRU[StoredResponse] = BoundedLRU(max_entries, max_bytes, ttl_s)
+        self._lru: BoundedLRU[StoredResponse] = BoundedLRU(max_entries, max_bytes, ttl_s, owner_share=OWNER_SHARE)
         self.ephemeral_ttl_s = ephemeral_ttl_s
 
     @property
@@ -57,7 +59,7 @@ class MemoryResponseStore:
 
     async def put(self, stored: StoredResponse) -> bool:
         ttl = self.ephemeral_ttl_s if stored.ephemeral else None
-        return self._lru.put(stored.response["id"], stored, stored.size(), ttl_s=ttl)
+        return self._lru.put(stored.response["id"], stored, stored.size(), ttl_s=ttl, owner=stored.owner)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         return self._lru.get(response_id)

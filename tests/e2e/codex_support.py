@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ import pytest
 
 from kiln.gateway.http.request_log import read_log
 from tests.support import Kiln, Proc
+
+from .client_installs import cache_root, npm_install
 
 # The version of the capture in shared/clients (codex-0.169-request.json) and docs/codex.md.
 CODEX_VERSION = os.environ.get("KILN_CODEX_VERSION", "0.169.0")
@@ -28,7 +29,7 @@ TURN_TIMEOUT = float(os.environ.get("KILN_CODEX_TURN_TIMEOUT", "600"))
 
 
 def cache_dir(version: str = CODEX_VERSION) -> Path:
-    root = os.environ.get("KILN_CODEX_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kiln" / "codex"
+    root = os.environ.get("KILN_CODEX_CACHE") or cache_root() / "codex"
     return Path(root) / version
 
 
@@ -39,19 +40,9 @@ def codex_binary(version: str = CODEX_VERSION) -> Path:
     binary = prefix / "node_modules" / ".bin" / "codex"
     if binary.exists() and _version_of(binary) == version:
         return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip(f"npm is not installed, so Codex CLI {version} cannot be installed (cache: {prefix})")
-    prefix.mkdir(parents=True, exist_ok=True)
-    try:
-        done = subprocess.run(
-            [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", f"{CODEX_PACKAGE}@{version}"],
-            capture_output=True, text=True, timeout=900,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"npm install {CODEX_PACKAGE}@{version} timed out")
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"npm install {CODEX_PACKAGE}@{version} failed (rc {done.returncode}): {done.stderr.strip()[-600:]}")
+    npm_install(prefix, [f"{CODEX_PACKAGE}@{version}"])
+    if not binary.exists():
+        pytest.skip(f"npm install {CODEX_PACKAGE}@{version} left no {binary}")
     found = _version_of(binary)
     if found != version:
         pytest.skip(f"installed Codex reports version {found!r}, expected {version}")

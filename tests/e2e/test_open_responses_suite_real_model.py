@@ -3,9 +3,11 @@ suite's own code is not vendored) against real gateway and worker processes with
 run all at once as the suite runs them, with its 30 s bound on each WebSocket turn.
 
 The server is configured as an operator of a 135M model would (docs/api.md, "Open Responses
-compliance"): ``--default-temperature 0.3`` and the worker's ``--max-output-tokens 256``, since the
-suite sets neither and at temperature 1 the model rambles to the cap. Slow (CI skips it): its
-timing depends on the CPU, and the model's text on sampling.
+compliance"): the suite sets no temperature, penalty or output cap, and at OpenAI's defaults this
+model rambles or repeats itself to the cap, so ``--default-temperature 0`` and
+``--default-frequency-penalty 0.5`` (replies of 10-60 tokens), the worker's
+``--max-output-tokens 256`` and ``--max-batch 16`` (the suite's 16 requests decode together).
+Slow (CI skips it): whether each WebSocket turn ends within the suite's 30 s depends on the CPU.
 
     .venv/bin/pytest -m slow tests/e2e/test_open_responses_suite_real_model.py -v
 """
@@ -21,7 +23,7 @@ from .open_responses_checks import Checks
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
-GATEWAY = ["--default-temperature", "0.3"]
+GATEWAY = ["--default-temperature", "0", "--default-frequency-penalty", "0.5"]
 WORKER = ["--max-output-tokens", "256", "--max-batch", "16"]  # the suite sends 16 requests at once
 # Every suite test that reaches the server passes, but for two that ask what the model cannot do:
 # image-input (a text-only model: a clear 400 is the right answer) and tool-calling (the suite

@@ -86,6 +86,7 @@ static inline __attribute__((always_inline)) void gemm_rows(int R, int type, int
         const __m512 sc0 = _mm512_load_ps(s0 + g * GEMM_COLS);
         const __m512 sc1 = halves ? _mm512_load_ps(s1 + g * GEMM_COLS) : sc0;
         const __m512 mv = offset ? _mm512_load_ps(mt + g * GEMM_COLS) : _mm512_setzero_ps();
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const long row = r0 + r;
             const int32_t *x = (const int32_t *)(a->gq + row * a->gq_ld + g * 32);

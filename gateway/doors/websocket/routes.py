@@ -392,7 +392,7 @@ class Session:
                     self.state.forget(previous)
             if not early:
                 await self._send(seq.stamp(terminal_event(response)))
-            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": True, "answered_early": early, "previous_response_id": previous})
+            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": True, "answered_early": early, "previous_response_id": previous, "error": response.data.get("error")})
         finally:
             if not drain.done():
                 drain.cancel()

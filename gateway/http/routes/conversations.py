@@ -14,24 +14,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..body import read_json
 from ..errors import ApiError, invalid
 from ...lifecycle.history import conversation_key
+from ...doors.serving import owner as _owner
+from ...doors.serving import read_body
+from ...doors.serving import service as _service
 from ...lifecycle.service import ResponsesService
-from ...store.conversations import Conversation, as_resource_item, new_conversation_id
+from ...store.conversations import Conversation, as_resource_item, conversation_size, new_conversation_id
+from ...store.lru import OWNER_SHARE
 from ...store.protocols import ConversationStore
 from ...doors.validation import check_metadata, normalize_input
 from .pagination import item_list, item_page
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call
-
-
-def _service(request: Request) -> ResponsesService:
-    return request.app.state.responses  # type: ignore[no-any-return]
-
-
-def _owner(request: Request) -> Any:
-    return getattr(request.scope.get("kiln.principal"), "org_id", None)
 
 
 def _store(request: Request) -> ConversationStore:
@@ -57,13 +52,6 @@ async def _require(request: Request, *, items: bool = True) -> Conversation:
     return conv
 
 
-async def _body(request: Request) -> dict:
-    raw = await read_json(request, request.app.state.settings.max_body_bytes)
-    if not isinstance(raw, dict):
-        raise invalid("The request body must be a JSON object.")
-    return raw
-
-
 async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
     if raw is None:
         return []
@@ -86,15 +74,24 @@ async def _index(request: Request, key: str, items: list[dict]) -> None:
     await _service(request).references.index(_owner(request), items, ("conversation", key))
 
 
+def _too_large(conv: Conversation, store: ConversationStore, owner: Any) -> str:
+    """Which limit a conversation the store could not keep is over: the organization's share of
+    the store (hosted), or the store's whole byte budget."""
+    size = conversation_size(conv)
+    if owner is not None and size > OWNER_SHARE * store.max_bytes:
+        return f"The conversation ({size} bytes) is larger than this organization's share of the conversation store ({int(OWNER_SHARE * store.max_bytes)} bytes)."
+    return f"The conversation ({size} bytes) does not fit the conversation store's byte budget ({store.max_bytes} bytes)."
+
+
 async def create_conversation(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     store = _store(request)
     metadata = check_metadata(raw.get("metadata")) or {}
     items = await _items(raw.get("items"), "items", _service(request), _owner(request))
     conv = Conversation(new_conversation_id(), int(time.time()), metadata, [as_resource_item(i) for i in items])
     key = conversation_key(conv.id, _owner(request))
     if not await store.create(key, conv):  # with its items, in one write
-        raise invalid("The conversation does not fit the conversation store's byte budget.")
+        raise invalid(_too_large(conv, store, _owner(request)), param="items")
     await _index(request, key, conv.items)
     return JSONResponse(conv.resource())
 
@@ -104,7 +101,7 @@ async def get_conversation(request: Request) -> Response:
 
 
 async def update_conversation(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     await _require(request, items=False)
     if "metadata" not in raw:
         raise invalid("Missing required parameter: 'metadata'.", param="metadata", code="missing_required_parameter")
@@ -133,7 +130,7 @@ async def list_items(request: Request) -> Response:
 
 
 async def add_items(request: Request) -> Response:
-    raw = await _body(request)
+    raw = await read_body(request)
     await _require(request, items=False)
     if "items" not in raw:
         raise invalid("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")

@@ -1,6 +1,7 @@
 """Conversations in Redis: a hash per conversation (id, created time, metadata, sizes) and a list
 of its items, so that an append is one RPUSH inside one script -- turns written by two replicas
-at once both land, in the order Redis ran them. Bounded like the response store (scripts.py)."""
+at once both land, in the order Redis ran them. Bounded like the response store (scripts.py), each
+organization (the owner its key names) within its share."""
 
 from __future__ import annotations
 
@@ -18,15 +19,19 @@ class RedisConversationStore:
         self.ctx = ctx
         self.prefix = ctx.keys.conversations
         self.max_entries = max_entries
-        self.max_bytes = max_bytes
+        self._max_bytes = max_bytes
         self.ttl_ms = int(ttl_s * 1000)
 
     @property
     def enabled(self) -> bool:
         return self.max_entries > 0
 
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
     def _limits(self) -> list[int]:
-        return [self.max_entries, self.max_bytes]
+        return [self.max_entries, self._max_bytes]
 
     async def _raw(self, key: str) -> tuple[dict[str, str], list[str]] | None:
         found = await self.ctx.run(scripts.CONV_GET, self.prefix, key)

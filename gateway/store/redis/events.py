@@ -197,9 +197,11 @@ class RedisEventLog:
         # A live stream outlives the longest silence of a running response by far.
         self.live_ttl_ms = int((idle_s + 600) * 1000)
         self._recorders: dict[str, RedisRecorder] = {}
+        self._owners: dict[str, str] = {}  # response id -> its owner ('' for none), while recording
 
-    def open(self, response_id: str) -> RedisRecorder:
+    def open(self, response_id: str, owner: Any = None) -> RedisRecorder:
         recorder = self._recorders[response_id] = RedisRecorder(self, response_id)
+        self._owners[response_id] = "" if owner is None else str(owner)
         return recorder
 
     async def finish(self, response_id: str, terminal: dict[str, Any] | None = None) -> None:
@@ -210,11 +212,12 @@ class RedisEventLog:
             recorder.record(terminal)
         await recorder.flush()
         await recorder.stop()
-        await self._finished(response_id, recorder.nbytes)
+        await self._finished(response_id, recorder.nbytes, self._owners.pop(response_id, ""))
 
     async def discard(self, response_id: str) -> None:
         """Stop recording without a terminal event (the job was taken over elsewhere)."""
         recorder = self._recorders.pop(response_id, None)
+        self._owners.pop(response_id, None)
         if recorder is not None:
             await recorder.stop()
 
@@ -228,11 +231,11 @@ class RedisEventLog:
             return
         await self._finished(response_id)
 
-    async def _finished(self, response_id: str, nbytes: int = -1) -> None:
-        """Keep the finished stream within the bounds; ``nbytes`` -1: weighed in Redis (a stream
-        another replica wrote)."""
+    async def _finished(self, response_id: str, nbytes: int = -1, owner: str = "") -> None:
+        """Keep the finished stream within the bounds (``owner``'s within its share); ``nbytes``
+        -1: weighed in Redis (a stream another replica wrote, whose owner it does not know)."""
         try:
-            await self.ctx.run(scripts.EVENTS_FINISH, self.ctx.keys.events(""), response_id, self.ctx.keys.finished_events, self.finished_ttl_ms, self.max_finished, nbytes, self.max_total_bytes)
+            await self.ctx.run(scripts.EVENTS_FINISH, self.ctx.keys.events(""), response_id, self.ctx.keys.finished_events, self.finished_ttl_ms, self.max_finished, nbytes, self.max_total_bytes, owner)
         except BACKEND_ERRORS as exc:
             log.warning("finished stream not marked: redis unavailable", extra={"response_id": response_id, "error": str(exc)})
 

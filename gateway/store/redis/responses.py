@@ -1,6 +1,6 @@
 """Stored responses in Redis: one key per response (the response and its input items in one
-value, so a response is never half written), LRU by bytes over the whole deployment
-(scripts.py), TTL as Redis expiry."""
+value, so a response is never half written), LRU by bytes over the whole deployment with each
+organization within its share (scripts.py), TTL as Redis expiry."""
 
 from __future__ import annotations
 
@@ -44,10 +44,11 @@ class RedisResponseStore:
         return stored.size()
 
     def put_args(self, stored: StoredResponse) -> list[Any]:
-        """The PUT arguments after the prefix and id: value, size, ttl ms, limits (also what
-        ending a background job stores)."""
+        """The PUT arguments after the prefix and id: value, size, ttl ms, limits, owner (also
+        what ending a background job stores)."""
         ttl = self.ephemeral_ttl_s if stored.ephemeral else self.ttl_s
-        return [encode(stored), stored.size(), int(ttl * 1000), self.max_entries, self._max_bytes]
+        owner = "" if stored.owner is None else str(stored.owner)
+        return [encode(stored), stored.size(), int(ttl * 1000), self.max_entries, self._max_bytes, owner]
 
     @guarded
     async def put(self, stored: StoredResponse) -> bool:

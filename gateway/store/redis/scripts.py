@@ -11,10 +11,19 @@ A bounded store under prefix ``P`` (responses, conversations, the reasoning echo
   dropped on the next write;
 - ``P:size`` a hash of id -> bytes and ``P:bytes`` their sum.
 
-A write adds the entry, then evicts the least recently used entries while the store holds more
-than its entry limit or byte budget. That is LRU by bytes for the deployment as a whole; it is
-approximate in that sizes are JSON lengths and that entries expired by Redis count until the next
-write notices them (at most 128 per write).
+and, for entries that have an owner (an organization; a conversation key ``owner:id`` names its
+own, a response's is passed with it):
+
+- ``P:own`` a hash of id -> owner, ``P:o:<owner>`` a sorted set of the owner's ids by last use,
+  and ``P:heavy`` a sorted set of owners by the bytes they hold.
+
+A write adds the entry, then evicts its owner's least recently used entries while the owner holds
+more than ``OWNER_SHARE`` of the entry limit or byte budget, then the least recently used entries
+of the owner holding the most bytes (of the store, when no entry has an owner) while the store
+holds more than its entry limit or byte budget: one organization filling the store evicts its own
+entries, never another's. That is LRU by bytes; it is approximate in that sizes are JSON lengths
+and that entries expired by Redis count until the next write notices them (at most 128 per
+write).
 
 Scripts compute the keys they touch from their arguments, so they need one Redis primary
 (standalone, Sentinel or a managed primary), not Redis Cluster.
@@ -22,7 +31,9 @@ Scripts compute the keys they touch from their arguments, so they need one Redis
 
 from __future__ import annotations
 
-LIB = r"""
+from ..lru import OWNER_SHARE
+
+LIB = f"local SHARE = {OWNER_SHARE!r}\n" + r"""
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -37,7 +48,28 @@ local function forget(p, id)
   if redis.call('HDEL', p .. ':size', id) == 1 then
     redis.call('DECRBY', p .. ':bytes', size)
   end
+  local owner = redis.call('HGET', p .. ':own', id)
+  if owner then
+    redis.call('HDEL', p .. ':own', id)
+    local mine = p .. ':o:' .. owner
+    redis.call('ZREM', mine, id)
+    if redis.call('ZCARD', mine) == 0 then
+      redis.call('ZREM', p .. ':heavy', owner)
+    else
+      redis.call('ZINCRBY', p .. ':heavy', -size, owner)
+    end
+  end
   return existed
+end
+
+local function touch(p, id, now)
+  redis.call('ZADD', p .. ':lru', 'XX', now, id)
+  local owner = redis.call('HGET', p .. ':own', id)
+  if owner then redis.call('ZADD', p .. ':o:' .. owner, 'XX', now, id) end
+end
+
+local function key_owner(key)
+  return string.match(key, '^(.-):') or ''
 end
 
 local function expire_due(p, now)
@@ -45,14 +77,30 @@ local function expire_due(p, now)
   for _, id in ipairs(due) do forget(p, id) end
 end
 
-local function account(p, id, size, now)
+local function account(p, id, size, now, owner)
   local old = tonumber(redis.call('HGET', p .. ':size', id) or '0')
   redis.call('HSET', p .. ':size', id, size)
   redis.call('INCRBY', p .. ':bytes', size - old)
   redis.call('ZADD', p .. ':lru', now, id)
+  if owner ~= '' then
+    redis.call('HSET', p .. ':own', id, owner)
+    redis.call('ZADD', p .. ':o:' .. owner, now, id)
+    redis.call('ZINCRBY', p .. ':heavy', size - old, owner)
+  end
 end
 
-local function evict(p, max_entries, max_bytes)
+-- The owner's oldest entries past its share, then the heaviest owner's oldest past the store's limits.
+local function evict(p, max_entries, max_bytes, owner)
+  if owner ~= '' then
+    local mine = p .. ':o:' .. owner
+    while true do
+      local n = redis.call('ZCARD', mine)
+      if n == 0 then break end
+      local b = tonumber(redis.call('ZSCORE', p .. ':heavy', owner) or '0')
+      if n <= SHARE * max_entries and b <= SHARE * max_bytes then break end
+      forget(p, redis.call('ZRANGE', mine, 0, 0)[1])
+    end
+  end
   while true do
     local n = redis.call('ZCARD', p .. ':lru')
     local b = tonumber(redis.call('GET', p .. ':bytes') or '0')
@@ -61,11 +109,16 @@ local function evict(p, max_entries, max_bytes)
       redis.call('SET', p .. ':bytes', 0)
       return
     end
-    forget(p, redis.call('ZRANGE', p .. ':lru', 0, 0)[1])
+    local victim = nil
+    local heaviest = redis.call('ZREVRANGE', p .. ':heavy', 0, 0)[1]
+    if heaviest then victim = redis.call('ZRANGE', p .. ':o:' .. heaviest, 0, 0)[1] end
+    if not victim then victim = redis.call('ZRANGE', p .. ':lru', 0, 0)[1] end
+    forget(p, victim)
   end
 end
 
-local function put_value(p, id, value, size, ttl, max_entries, max_bytes, now)
+local function put_value(p, id, value, size, ttl, max_entries, max_bytes, now, owner)
+  owner = owner or ''
   expire_due(p, now)
   forget(p, id)
   if max_entries <= 0 or size > max_bytes then return 0 end
@@ -76,8 +129,8 @@ local function put_value(p, id, value, size, ttl, max_entries, max_bytes, now)
   else
     redis.call('SET', d, value)
   end
-  account(p, id, size, now)
-  evict(p, max_entries, max_bytes)
+  account(p, id, size, now, owner)
+  evict(p, max_entries, max_bytes, owner)
   return redis.call('EXISTS', d)
 end
 
@@ -105,15 +158,15 @@ end
 
 # -- bounded stores ----------------------------------------------------------------------------
 
-# ARGV: prefix, id, value, size, ttl ms (0: none), max entries, max bytes. 1 if kept.
+# ARGV: prefix, id, value, size, ttl ms (0: none), max entries, max bytes, owner ('': none). 1 if kept.
 PUT = LIB + r"""
-return put_value(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), now_ms())
+return put_value(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), now_ms(), ARGV[8])
 """
 
 # ARGV: prefix, id. The value (nil when unknown); a hit counts as a use.
 GET = LIB + r"""
 local v = redis.call('GET', ARGV[1] .. ':d:' .. ARGV[2])
-if v then redis.call('ZADD', ARGV[1] .. ':lru', 'XX', now_ms(), ARGV[2]) end
+if v then touch(ARGV[1], ARGV[2], now_ms()) end
 return v
 """
 
@@ -145,8 +198,8 @@ end
 local function conv_keep(p, key, d, now, max_entries, max_bytes)
   local pttl = redis.call('PTTL', d)
   if pttl > 0 and redis.call('EXISTS', d .. ':items') == 1 then redis.call('PEXPIRE', d .. ':items', pttl) end
-  account(p, key, conv_size(d), now)
-  evict(p, max_entries, max_bytes)
+  account(p, key, conv_size(d), now, key_owner(key))
+  evict(p, max_entries, max_bytes, key_owner(key))
   return redis.call('EXISTS', d)
 end
 """
@@ -220,7 +273,7 @@ local p, key = ARGV[1], ARGV[2]
 local d = p .. ':d:' .. key
 local fields = redis.call('HGETALL', d)
 if #fields == 0 then return nil end
-redis.call('ZADD', p .. ':lru', 'XX', now_ms(), key)
+touch(p, key, now_ms())
 return {fields, redis.call('LRANGE', d .. ':items', 0, -1)}
 """
 
@@ -230,7 +283,7 @@ local p, key = ARGV[1], ARGV[2]
 local d = p .. ':d:' .. key
 local fields = redis.call('HGETALL', d)
 if #fields == 0 then return nil end
-redis.call('ZADD', p .. ':lru', 'XX', now_ms(), key)
+touch(p, key, now_ms())
 return fields
 """
 
@@ -284,13 +337,13 @@ redis.call('HSET', job, 'view', ARGV[4])
 return 1
 """
 
-# ARGV: ns, id, replica, response prefix, value, size, ttl ms, max entries, max bytes.
+# ARGV: ns, id, replica, response prefix, value, size, ttl ms, max entries, max bytes, owner.
 # Stores the final object and ends the job in one step; 0 when this replica no longer owns it.
 JOB_FINISH = LIB + r"""
 local ns, id = ARGV[1], ARGV[2]
 if redis.call('HGET', ns .. ':job:' .. id, 'replica') ~= ARGV[3] then return 0 end
 end_job(ns, id)
-put_value(ARGV[4], id, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), now_ms())
+put_value(ARGV[4], id, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), now_ms(), ARGV[10])
 return 1
 """
 
@@ -360,30 +413,62 @@ return seq
 """
 
 # ARGV: stream key prefix (NS:ev:), id, finished set, ttl ms (0: none), max finished, the stream's
-# bytes (-1: weigh it here), max bytes of all finished streams. Keeps the finished stream readable a
-# while; the oldest finished streams past either cap are dropped. Each one's weight is in the hash
-# ``<finished>:bytes``, their sum under its field ``#total``.
+# bytes (-1: weigh it here), max bytes of all finished streams, owner ('': none). Keeps the finished
+# stream readable a while; the owner's oldest finished streams past its share of either cap are
+# dropped, then the heaviest owner's (or, without owners, the oldest) past either cap. Each one's
+# weight is in the hash ``<finished>:bytes``, their sum under its field ``#total``; an owner's ids
+# are in the sorted set ``<finished>:o:<owner>``, its bytes in ``<finished>:heavy``, each id's owner
+# in the hash ``<finished>:own``.
 EVENTS_FINISH = LIB + r"""
 local prefix, id, finished = ARGV[1], ARGV[2], ARGV[3]
 local ttl, max = tonumber(ARGV[4]), tonumber(ARGV[5])
 local size, max_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
-local sizes = finished .. ':bytes'
+local owner = ARGV[8] or ''
+local sizes, owners, heavy = finished .. ':bytes', finished .. ':own', finished .. ':heavy'
 if size < 0 then
   size = 0
   for _, entry in ipairs(redis.call('XRANGE', prefix .. id, '-', '+')) do size = size + #entry[2][2] end
 end
 if ttl > 0 then redis.call('PEXPIRE', prefix .. id, ttl) else redis.call('PERSIST', prefix .. id) end
-redis.call('ZADD', finished, now_ms(), id)
+local now = now_ms()
+redis.call('ZADD', finished, now, id)
 local was = tonumber(redis.call('HGET', sizes, id) or '0')
 redis.call('HSET', sizes, id, size)
-local total = redis.call('HINCRBY', sizes, '#total', size - was)
-local count = redis.call('ZCARD', finished)
-while count > 1 and (count > max or total > max_bytes) do
-  local old = redis.call('ZRANGE', finished, 0, 0)[1]
+redis.call('HINCRBY', sizes, '#total', size - was)
+if owner ~= '' and not redis.call('HGET', owners, id) then
+  redis.call('HSET', owners, id, owner)
+  redis.call('ZADD', finished .. ':o:' .. owner, now, id)
+  redis.call('ZINCRBY', heavy, size, owner)
+end
+local function drop(old)
   redis.call('DEL', prefix .. old)
   redis.call('ZREM', finished, old)
-  total = redis.call('HINCRBY', sizes, '#total', -tonumber(redis.call('HGET', sizes, old) or '0'))
+  local weight = tonumber(redis.call('HGET', sizes, old) or '0')
+  redis.call('HINCRBY', sizes, '#total', -weight)
   redis.call('HDEL', sizes, old)
+  local who = redis.call('HGET', owners, old)
+  if who then
+    redis.call('HDEL', owners, old)
+    redis.call('ZREM', finished .. ':o:' .. who, old)
+    if redis.call('ZCARD', finished .. ':o:' .. who) == 0 then redis.call('ZREM', heavy, who) else redis.call('ZINCRBY', heavy, -weight, who) end
+  end
+end
+if owner ~= '' then
+  local mine = finished .. ':o:' .. owner
+  while true do
+    local n = redis.call('ZCARD', mine)
+    if n <= 1 then break end
+    if n <= SHARE * max and tonumber(redis.call('ZSCORE', heavy, owner) or '0') <= SHARE * max_bytes then break end
+    drop(redis.call('ZRANGE', mine, 0, 0)[1])
+  end
+end
+local count = redis.call('ZCARD', finished)
+while count > 1 and (count > max or tonumber(redis.call('HGET', sizes, '#total') or '0') > max_bytes) do
+  local victim = nil
+  local heaviest = redis.call('ZREVRANGE', heavy, 0, 0)[1]
+  if heaviest then victim = redis.call('ZRANGE', finished .. ':o:' .. heaviest, 0, 0)[1] end
+  if not victim then victim = redis.call('ZRANGE', finished, 0, 0)[1] end
+  drop(victim)
   count = count - 1
 end
 return 1

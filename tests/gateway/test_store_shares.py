@@ -1,0 +1,115 @@
+"""Per-organization shares of the stores (issue 30, tenants): one organization filling the
+response store, the conversation store or the finished event streams (streamed retrieval) evicts
+its own oldest entries, never another's, in memory and in Redis (``--store redis``, the local
+Redis: tests/redis_support.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kiln.gateway.accounts.keys import create_key
+from kiln.gateway.accounts.orgs import create_org
+from kiln.gateway.http.app import create_app
+from kiln.gateway.settings import Settings
+from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
+from tests.redis_support import drop_namespace, new_namespace, shared_redis_url
+
+LIMITS = dict(responses_store_max_entries=8, responses_store_max_bytes=64 << 10, conversation_store_max_entries=8, conversation_store_max_bytes=64 << 10)
+
+
+@contextlib.asynccontextmanager
+async def hosted(tmp_path, backend: str) -> AsyncIterator[tuple[Any, list[dict[str, str]]]]:
+    """A hosted app on ``backend`` (its lifespan running) with organizations acme and globex:
+    (client, [acme's headers, globex's headers])."""
+    settings: dict[str, Any] = dict(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode=backend, **LIMITS)
+    namespace = None
+    if backend == "redis":
+        namespace = new_namespace()
+        settings.update(redis_url=shared_redis_url(), redis_namespace=namespace)
+    app = create_app(Settings(**settings), pool=FakePool())
+    try:
+        async with app.router.lifespan_context(app):
+            headers = []
+            for org in ("acme", "globex"):
+                await create_org(app.state.accounts.db, org, credits_usd=10)
+                headers.append({"Authorization": f"Bearer {(await create_key(app.state.accounts.db, org)).key}"})
+            async with client_for(app) as c:
+                c.app = app  # type: ignore[attr-defined]
+                yield c, headers
+    finally:
+        if namespace is not None:
+            drop_namespace(settings["redis_url"], namespace)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_one_orgs_responses_never_evict_anothers(tmp_path, backend):
+    async with hosted(tmp_path, backend) as (c, (acme, globex)):
+        r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "keep me"}, headers=globex))
+        assert r.status_code == 200, r.text
+        mine = r.json()["id"]
+        flood = []
+        for i in range(30):  # far past the store's 8 entries and 64 KiB, and acme's quarter of them
+            r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": f"flood {i} " + "x" * 3000}, headers=acme))
+            assert r.status_code == 200, r.text
+            flood.append(r.json()["id"])
+        assert (await bounded(c.get(f"/v1/responses/{mine}", headers=globex))).status_code == 200
+        # acme lost its own oldest, and keeps at most its share (a quarter of 8 entries).
+        kept = [rid for rid in flood if (await bounded(c.get(f"/v1/responses/{rid}", headers=acme))).status_code == 200]
+        assert kept == flood[-len(kept):] and 1 <= len(kept) <= 2, kept
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_one_orgs_conversations_never_evict_anothers(tmp_path, backend):
+    async with hosted(tmp_path, backend) as (c, (acme, globex)):
+        r = await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "keep me"}]}, headers=globex))
+        mine = r.json()["id"]
+        flood = []
+        for i in range(30):
+            r = await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": f"flood {i} " + "x" * 3000}]}, headers=acme))
+            assert r.status_code == 200, r.text
+            flood.append(r.json()["id"])
+        # Turns appended to acme's newest conversation grow it: still only acme's own go.
+        for i in range(10):
+            r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "y" * 2000, "conversation": flood[-1]}, headers=acme))
+            assert r.status_code == 200, r.text
+        assert (await bounded(c.get(f"/v1/conversations/{mine}/items", headers=globex))).status_code == 200
+        assert (await bounded(c.get(f"/v1/conversations/{flood[0]}", headers=acme))).status_code == 404
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_conversation_larger_than_the_orgs_share_is_refused_saying_so(tmp_path, backend):
+    async with hosted(tmp_path, backend) as (c, (acme, globex)):
+        r = await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "z" * (20 << 10)}]}, headers=acme))
+        assert r.status_code == 400, r.text
+        assert "organization's share" in r.json()["error"]["message"], r.text
+
+
+
+async def _streamed(c, body: dict, headers: dict[str, str]) -> str:
+    """A stored foreground stream to its end (hosted gateways record those for streamed
+    retrieval; they run no background jobs); its response id."""
+    r = await bounded(c.post("/v1/responses", json={**body, "stream": True}, headers=headers))
+    assert r.status_code == 200, r.text
+    return r.text.split('"id":"', 1)[1].split('"', 1)[0]
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_one_orgs_finished_streams_never_push_out_anothers(tmp_path, backend):
+    async with hosted(tmp_path, backend) as (c, (acme, globex)):
+        events = c.app.state.responses.stores.events
+        events.max_finished, events.max_total_bytes = 8, 600_000
+        mine = await _streamed(c, {"model": MODEL, "input": "keep me"}, globex)
+        heavy = {"model": MODEL, "input": "work", "instructions": "x" * 50_000}
+        flood = [await _streamed(c, heavy, acme) for _ in range(12)]  # each ~150 KB: past 600 KB in all, and acme's quarter
+        deadline = time.monotonic() + 10  # Redis marks a stream finished just after its last event
+        while (await bounded(c.get(f"/v1/responses/{flood[0]}", params={"stream": "true"}, headers=acme))).status_code == 200:
+            assert time.monotonic() < deadline, "acme's oldest stream was kept past its share"
+            await asyncio.sleep(0.05)
+        kept = await bounded(c.get(f"/v1/responses/{mine}", params={"stream": "true"}, headers=globex))
+        assert kept.status_code == 200 and "response.completed" in kept.text, kept.text[:300]
