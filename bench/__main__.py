@@ -41,16 +41,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=None, help="runs per peer; the table shows medians (default 3; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="smaller workloads (32 output tokens, 1 and 4 streams, 3 turns, 256-token system prompt) and 1 run")
     p.add_argument("--workloads", default=None, help=f"comma-separated, from {','.join(wl.RUNNERS)} (default: {','.join(wl.WORKLOADS)}; with --model-shape {','.join(wl.SHAPE_WORKLOADS)})")
-    p.add_argument("--model-shape", default=None, help=f"comma-separated, from {', '.join(model_shapes.SHAPES)}: serve a random-weight GGUF of that model's exact shape (SmolLM2's tokenizer), written and quantized by llama.cpp's llama-quantize once (cached), on kiln and llama_cpp; one table per file and thread count")
-    p.add_argument("--quant", default=",".join(model_shapes.DEFAULT_QUANTS), help=f"with --model-shape: comma-separated llama-quantize types, from {', '.join(model_shapes.QUANTS)} (default %(default)s)")
+    p.add_argument("--model-shape", default=None,
+        help=f"comma-separated, from {', '.join(model_shapes.SHAPES)}: serve a random-weight GGUF of that model's exact shape (SmolLM2's tokenizer), written and quantized by llama.cpp's "
+            "llama-quantize once (cached), on kiln and llama_cpp; one table per file and thread count")
+    p.add_argument("--quant", default=",".join(model_shapes.DEFAULT_QUANTS),
+        help=f"with --model-shape: comma-separated llama-quantize types, from {', '.join(model_shapes.QUANTS)} (default %(default)s)")
     p.add_argument("--shape-layers", type=int, default=None, help="with --model-shape: this many decoder blocks instead of the model's (a quicker file; the name says so)")
     p.add_argument("--plain-rope", action="store_true", help="with --model-shape: write Llama 3 shapes without their rope_freqs tensor (plain RoPE at the same base; the name says so)")
     p.add_argument("--json", type=Path, default=None, help="write every run's metrics and the medians here")
     p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
-    p.add_argument("--threads", default=None, help="compute threads for every peer: llama-server's -t, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS; comma-separated for one table per count (default: the usable core count; with --model-shape 1,2); 1 on a machine shared with other work, where spinning threads that wait for a descheduled one make 2 threads far slower than 1")
+    p.add_argument("--threads", default=None,
+        help="compute threads for every peer: llama-server's -t, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS; comma-separated for one table per count (default: the usable core count; with "
+            "--model-shape 1,2); 1 on a machine shared with other work, where spinning threads that wait for a descheduled one make 2 threads far slower than 1")
     p.add_argument("--blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS alone for every peer (default: --threads, else each server's own, the usable core count)")
     p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp folder)")
-    p.add_argument("--kiln-arg", action="append", default=[], help="extra argument for `kiln serve` (repeatable), e.g. --kiln-arg=--model --kiln-arg=PATH to serve the same folder the mlx_lm peers use")
+    p.add_argument("--kiln-arg", action="append", default=[],
+        help="extra argument for `kiln serve` (repeatable), e.g. --kiln-arg=--model --kiln-arg=PATH to serve the same folder the mlx_lm peers use")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a server to come up")
     p.add_argument("--ratios", default=None, help="comma-separated peers whose medians are divided by the others' (default: kiln and kiln_chat where they ran, else kiln_scripted)")
     opts = p.parse_args(argv)

@@ -61,7 +61,7 @@ class StreamResult:
         return (self.tokens - 1) / span if span > 0 else None
 
     def gaps(self) -> list[float]:
-        return [b - a for a, b in zip(self.delta_times, self.delta_times[1:])]
+        return [b - a for a, b in zip(self.delta_times, self.delta_times[1:], strict=False)]
 
 
 class _API:

@@ -27,15 +27,15 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
 import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from kiln.worker.engine import cpu_exp  # noqa: E402
 from kiln.worker.engine.layout import input_major_while  # noqa: E402
 from kiln.worker.engine.native_decode import NativeDecoder  # noqa: E402
-from kiln.worker.loading.packed import PackedLinear  # noqa: E402
 from kiln.worker.loading.loader import load_model  # noqa: E402
+from kiln.worker.loading.packed import PackedLinear  # noqa: E402
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
@@ -86,11 +86,12 @@ def matmul_rows(model: nn.Module, reps: int) -> list[tuple[str, float]]:
         cast = [w.astype(dtype) for w in weights]
         xs = {k: v.astype(dtype) for k, v in x.items()}
         mx.eval(cast)
-        out.append((str(dtype).split(".")[-1], timed(lambda: [xs[w.shape[1]] @ w.T for w in cast], reps)))
+        out.append((str(dtype).split(".")[-1], timed(lambda xs=xs, cast=cast: [xs[w.shape[1]] @ w.T for w in cast], reps)))
     for bits in (8, 4):
         quant = [mx.quantize(w, group_size=64, bits=bits) for w in weights]
         mx.eval(quant)
-        out.append((f"{bits}-bit quantized", timed(lambda: [mx.quantized_matmul(x[w.shape[1]], q, s, b, transpose=True, group_size=64, bits=bits) for w, (q, s, b) in zip(weights, quant)], reps)))
+        out.append((f"{bits}-bit quantized",
+            timed(lambda bits=bits, quant=quant: [mx.quantized_matmul(x[w.shape[1]], q, s, b, transpose=True, group_size=64, bits=bits) for w, (q, s, b) in zip(weights, quant, strict=False)], reps)))
     embed = model.model.embed_tokens.weight
     xe = mx.ones((1, embed.shape[1]))
     out.append((f"output head {tuple(embed.shape)}", timed(lambda: xe @ embed.T, reps)))
@@ -107,7 +108,7 @@ def main() -> None:
     stock = [decode_step_ms(model, rows, opts.reps) for rows in (1, 8)]
     with input_major_while(model):
         swapped = [decode_step_ms(model, rows, opts.reps) for rows in (1, 8)]
-    for rows, a, b in zip((1, 8), stock, swapped):
+    for rows, a, b in zip((1, 8), stock, swapped, strict=False):
         print(f"  {rows} row(s)                  {a:6.1f}  {b:10.1f}")
     print("\n210 layer matmuls, 1 row (ms)")
     for name, ms in matmul_rows(model, opts.reps):

@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
     kiln_spec = spec_for("kiln_scripted", scripted_delay=0.0, scripted_reply="ok")
     port = free_port()
-    bare_spec = ServerSpec("bare", [sys.executable, "-m", "bench.gateway_overhead", "--serve-bare", str(port)], "bare", "kiln-scripted", port, dict(os.environ), note="Starlette on Hypercorn, canned JSON")
+    bare_spec = ServerSpec("bare", [sys.executable, "-m", "bench.gateway_overhead", "--serve-bare", str(port)], "bare", "kiln-scripted", port, dict(os.environ),
+        note="Starlette on Hypercorn, canned JSON")
     results: dict[str, dict[int, list[dict]]] = {"bare": {c: [] for c in levels}, "kiln": {c: [] for c in levels}}
     with Server(bare_spec, log_dir=opts.log_dir) as bare, Server(kiln_spec, log_dir=opts.log_dir) as kiln:
         targets = {"bare": bare, "kiln": kiln}
@@ -167,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, server in targets.items():
                     r = asyncio.run(load(server.spec.base_url, server.spec.model, c, totals[c]))
                     results[name][c].append(r)
-                    progress(f"run {run + 1}/{opts.runs} {name} x{c}: p50 {r['p50_ms'] or 0:.2f} ms, p99 {r['p99_ms'] or 0:.2f} ms, {r['req_per_s'] or 0:.0f} req/s, {r['failed']} failed" + (f" ({r['first_failure']})" if r["failed"] else ""))
+                    progress(f"run {run + 1}/{opts.runs} {name} x{c}: p50 {r['p50_ms'] or 0:.2f} ms, p99 {r['p99_ms'] or 0:.2f} ms, {r['req_per_s'] or 0:.0f} req/s, {r['failed']} failed"
+                        + (f" ({r['first_failure']})" if r["failed"] else ""))
 
     progress("inter-event gaps: scripted engine at 20 ms/token")
     gap_spec = spec_for("kiln_scripted", scripted_delay=0.02, scripted_reply="abcdefghij" * 6)
@@ -188,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         add50 = None if None in (row["kiln_p50_ms"], row["bare_p50_ms"]) else row["kiln_p50_ms"] - row["bare_p50_ms"]
         add99 = None if None in (row["kiln_p99_ms"], row["bare_p99_ms"]) else row["kiln_p99_ms"] - row["bare_p99_ms"]
-        print(f"{c:>7}  {f(row['bare_p50_ms']):>9}  {f(row['kiln_p50_ms']):>9}  {f(add50):>7}  {f(row['bare_p99_ms']):>9}  {f(row['kiln_p99_ms']):>9}  {f(add99):>7}  {row['bare_req_per_s'] or 0:>10.0f}  {row['kiln_req_per_s'] or 0:>10.0f}")
+        print(f"{c:>7}  {f(row['bare_p50_ms']):>9}  {f(row['kiln_p50_ms']):>9}  {f(add50):>7}  {f(row['bare_p99_ms']):>9}  {f(row['kiln_p99_ms']):>9}  {f(add99):>7}  "
+            f"{row['bare_req_per_s'] or 0:>10.0f}  {row['kiln_req_per_s'] or 0:>10.0f}")
     print("latencies in ms; 'added' = kiln - bare (gateway + ZeroMQ + worker protocol + store)")
     if "error" in gap:
         print(f"\nInter-event gaps (20 ms/token): ERROR {gap['error']}")

@@ -350,7 +350,8 @@ def build(p: Plan, *, jobs: int = DEFAULT_JOBS, force: bool = False, tools: tupl
         manifest_path = folder / "build.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
         version = version or manifest.get("version", "")
-        manifest.update({"package": f"{PACKAGE}=={p.version}", "version": version, "tools": [t for t in TOOLS if p.tool(t).is_file()], "cpu": describe(p.options), "cmake_options": p.options, "generator": p.generator, "compilers": list(p.compilers), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_s": round(time.monotonic() - started)})
+        manifest.update({"package": f"{PACKAGE}=={p.version}", "version": version, "tools": [t for t in TOOLS if p.tool(t).is_file()], "cpu": describe(p.options), "cmake_options": p.options,
+            "generator": p.generator, "compilers": list(p.compilers), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_s": round(time.monotonic() - started)})
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
         if all(p.tool(t).is_file() for t in TOOLS):
             shutil.rmtree(src, ignore_errors=True)  # ~260 MB kept only while a build may resume
@@ -376,7 +377,7 @@ class Tool:
     key: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tool_binary(name: str, version: str = DEFAULT_VERSION) -> Tool:
     """llama.cpp program `name` built with the llama-server peer: beside it where that came from
     PATH, else the cached build for this CPU (built now if missing). Raises BuildError."""
@@ -392,7 +393,7 @@ def tool_binary(name: str, version: str = DEFAULT_VERSION) -> Tool:
     return Tool(p.tool(name), p.key)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def server_binary(version: str = DEFAULT_VERSION) -> Binary:
     """`llama-server` from PATH if it runs here, else the cached build for this CPU (built now if missing).
 

@@ -275,7 +275,7 @@ def write_shape(shape: Shape, path: Path, *, tokenizer: Path, dtype: str = "F16"
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(SEED)
-    for name, dims, kind in specs:
+    for _name, dims, kind in specs:
         if kind == "norm":
             data = np.ones(dims, np.float32)
         elif kind == "rope_freqs":

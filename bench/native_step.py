@@ -87,9 +87,9 @@ def main() -> None:
         for rows in (1, 8):
             token = mx.array([[5]] * rows)
             caches = {name: prefilled(model, rows) for name in ["mlx", *passes]}
-            contenders: dict[str, Callable[[], object]] = {"mlx": lambda c=caches["mlx"]: model(token, cache=c)}
+            contenders: dict[str, Callable[[], object]] = {"mlx": lambda c=caches["mlx"], token=token: model(token, cache=c)}
             for name, native in passes.items():
-                contenders[name] = lambda n=native, c=caches[name]: mx.array(n(token, c))
+                contenders[name] = lambda n=native, c=caches[name], token=token: mx.array(n(token, c))
             times = interleaved(contenders, opts.reps, clock)
             cells = [f"{statistics.median(v):7.1f} / {min(v):6.1f}" for v in times.values()]
             print(f"{'':14s}{rows:5d}{threads:8d}  " + "  ".join(f"{c:>16s}" for c in cells), flush=True)

@@ -96,7 +96,8 @@ def system_prompt(run: int, n_tokens: int = 1000) -> str:
 _CODE_FUNCTIONS = [
     ("total_price", "items", "return sum(item.price * item.quantity for item in items)"),
     ("apply_discount", "total, percent", "if percent < 0 or percent > 100:\n        raise ValueError(\"percent must be between 0 and 100\")\n    return total * (100 - percent) / 100"),
-    ("format_receipt", "items", "lines = [f\"{item.name:<20} {item.quantity:>3} x {item.price:>8.2f}\" for item in items]\n    lines.append(f\"{'total':<20} {total_price(items):>16.2f}\")\n    return \"\\n\".join(lines)"),
+    ("format_receipt", "items",
+        "lines = [f\"{item.name:<20} {item.quantity:>3} x {item.price:>8.2f}\" for item in items]\n    lines.append(f\"{'total':<20} {total_price(items):>16.2f}\")\n    return \"\\n\".join(lines)"),
     ("find_item", "items, name", "for item in items:\n        if item.name == name:\n            return item\n    return None"),
     ("restock", "items, name, count", "item = find_item(items, name)\n    if item is None:\n        raise KeyError(name)\n    item.quantity += count\n    return item.quantity"),
     ("cheapest", "items", "if not items:\n        return None\n    return min(items, key=lambda item: item.price)"),
@@ -113,7 +114,8 @@ EDIT_REQUEST = "Rewrite this file with one change: rename the function `total_pr
 
 def code_file(run: int, index: int, n_tokens: int = 600) -> str:
     """A Python module of about `n_tokens` tokens (whole functions), unique per (run, index)."""
-    head = f"# inventory.py {tag('c', run, index)}\nimport json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Item:\n    name: str\n    category: str\n    price: float\n    quantity: int\n"
+    head = (f"# inventory.py {tag('c', run, index)}\nimport json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Item:\n"
+            "    name: str\n    category: str\n    price: float\n    quantity: int\n")
     text = head
     for name, args, body in _CODE_FUNCTIONS:
         more = text + f"\n\ndef {name}({args}):\n    {body}\n"

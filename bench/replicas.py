@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                                 continue
                             r = asyncio.run(load(cluster.base_url, MODEL, workload, c, total[c]))
                             results[name][workload][c].append(r)
-                            progress(f"run {run + 1}/{runs} {name} {workload} x{c}: p50 {r['p50_ms'] or 0:.2f} ms, p99 {r['p99_ms'] or 0:.2f} ms, {r['req_per_s'] or 0:.0f} req/s, {r['failed']} failed" + (f" ({r['first_failure']})" if r["failed"] else ""))
+                            progress(f"run {run + 1}/{runs} {name} {workload} x{c}: p50 {r['p50_ms'] or 0:.2f} ms, p99 {r['p99_ms'] or 0:.2f} ms, {r['req_per_s'] or 0:.0f} req/s, {r['failed']} failed"
+                                + (f" ({r['first_failure']})" if r["failed"] else ""))
         finally:
             for cluster in clusters.values():
                 cluster.stop()
@@ -101,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 row["failed"] = sum(r["failed"] for r in results[name][workload][c])
                 summary.setdefault(name, {}).setdefault(workload, {})[c] = row
                 base = base or row
-                d = lambda k: "-" if None in (row[k], base[k]) else f"{row[k] - base[k]:+.2f}"  # noqa: E731
+                d = lambda k, row=row, base=base: "-" if None in (row[k], base[k]) else f"{row[k] - base[k]:+.2f}"  # noqa: E731
                 ratio = "-" if not (row["req_per_s"] and base["req_per_s"]) else f"x{row['req_per_s'] / base['req_per_s']:.2f}"
                 v = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-                print(f"{workload:>9}  {c:>7}  {name:>10}  {v(row['p50_ms']):>7}  {d('p50_ms'):>7}  {v(row['p99_ms']):>7}  {d('p99_ms'):>7}  {row['req_per_s'] or 0:>6.0f}  {ratio:>6}" + (f"  ({row['failed']} failed)" if row["failed"] else ""))
+                print(f"{workload:>9}  {c:>7}  {name:>10}  {v(row['p50_ms']):>7}  {d('p50_ms'):>7}  {v(row['p99_ms']):>7}  {d('p99_ms'):>7}  {row['req_per_s'] or 0:>6.0f}  {ratio:>6}"
+                    + (f"  ({row['failed']} failed)" if row["failed"] else ""))
     print("a chain step is one continuing create plus one GET")
     if opts.json:
         opts.json.write_text(json.dumps({"runs": runs, "totals": total, "raw": results, "median": summary}, indent=2, default=str))

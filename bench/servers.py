@@ -90,7 +90,8 @@ class ServerSpec:
         return f"http://127.0.0.1:{self.port}"
 
 
-def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None, threads: int | None = None, model: ModelFile | None = None) -> ServerSpec:
+def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None, threads: int | None = None,
+    model: ModelFile | None = None) -> ServerSpec:
     """The command line for peer `name`; raises PeerUnavailable if it cannot run here.
 
     `threads` sets every peer's compute threads: llama-server's `-t`, OMP_NUM_THREADS (Kiln's
@@ -191,7 +192,7 @@ class Server:
         self.log_path = self.log_dir / f"{spec.name}-{spec.port}.log"
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.start()
         return self
 

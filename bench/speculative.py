@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(opts.runs):
             for mode in modes:
                 for name, answers in texts[(run, mode)].items():
-                    for i, (a, b) in enumerate(zip(answers, texts[(run, "off")].get(name, []))):
+                    for i, (a, b) in enumerate(zip(answers, texts[(run, "off")].get(name, []), strict=False)):
                         if a != b:
                             mismatches.append(f"run {run + 1} {name} #{i + 1}: {mode} differs from off:\n  {mode}: {a[:200]!r}\n  off:  {b[:200]!r}")
     print(table(modes, medians))

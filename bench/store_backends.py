@@ -90,7 +90,8 @@ async def load(base_url: str, model: str, workload: str, concurrency: int, total
         await asyncio.gather(*(one_client() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
     ms = [x * 1000 for x in latencies]
-    return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "req_per_s": len(latencies) / wall if wall > 0 else None, "ok": len(latencies), "failed": len(failures), "first_failure": failures[0] if failures else None}
+    return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "req_per_s": len(latencies) / wall if wall > 0 else None, "ok": len(latencies), "failed": len(failures),
+        "first_failure": failures[0] if failures else None}
 
 
 def drop_namespace(url: str, namespace: str) -> None:
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                         for name, server in servers.items():  # interleaved: both see the same machine load
                             r = asyncio.run(load(server.spec.base_url, server.spec.model, workload, c, total[c]))
                             results[name][workload][c].append(r)
-                            progress(f"run {run + 1}/{runs} {name} {workload} x{c}: p50 {r['p50_ms'] or 0:.2f} ms, p99 {r['p99_ms'] or 0:.2f} ms, {r['req_per_s'] or 0:.0f} req/s, {r['failed']} failed" + (f" ({r['first_failure']})" if r["failed"] else ""))
+                            progress(f"run {run + 1}/{runs} {name} {workload} x{c}: p50 {r['p50_ms'] or 0:.2f} ms, p99 {r['p99_ms'] or 0:.2f} ms, {r['req_per_s'] or 0:.0f} req/s, {r['failed']} failed"
+                                + (f" ({r['first_failure']})" if r["failed"] else ""))
     finally:
         drop_namespace(opts.redis_url, namespace)
 
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             summary.setdefault(workload, {})[c] = row
             add50 = row["redis_p50_ms"] - row["memory_p50_ms"] if None not in (row["redis_p50_ms"], row["memory_p50_ms"]) else None
             add99 = row["redis_p99_ms"] - row["memory_p99_ms"] if None not in (row["redis_p99_ms"], row["memory_p99_ms"]) else None
-            print(f"{workload:>8}  {c:>7}  {f(row['memory_p50_ms']):>8}  {f(row['redis_p50_ms']):>9}  {f(add50):>6}  {f(row['memory_p99_ms']):>8}  {f(row['redis_p99_ms']):>9}  {f(add99):>6}  {row['memory_req_per_s'] or 0:>9.0f}  {row['redis_req_per_s'] or 0:>11.0f}")
+            print(f"{workload:>8}  {c:>7}  {f(row['memory_p50_ms']):>8}  {f(row['redis_p50_ms']):>9}  {f(add50):>6}  {f(row['memory_p99_ms']):>8}  {f(row['redis_p99_ms']):>9}  {f(add99):>6}  "
+                f"{row['memory_req_per_s'] or 0:>9.0f}  {row['redis_req_per_s'] or 0:>11.0f}")
     print("latencies in ms; a chain step is one continuing create plus one GET")
     if opts.json:
         opts.json.write_text(json.dumps({"runs": runs, "totals": total, "raw": results, "median": summary}, indent=2, default=str))

@@ -35,10 +35,13 @@ def specs(threads: int) -> tuple[ServerSpec, ServerSpec]:
 
     binary = server_binary()
     port = free_port()
-    llama = ServerSpec("llama_cpp", [str(binary.path), "-m", str(bundled_gguf()), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads), "-np", str(SLOTS), "-c", str(SLOTS * SLOT_CONTEXT), "--jinja", "--alias", MODEL, "--no-webui"], "chat", MODEL, port, note=f"llama-server {binary.version}: -t {threads}, -np {SLOTS}")
+    llama = ServerSpec("llama_cpp",
+        [str(binary.path), "-m", str(bundled_gguf()), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads), "-np", str(SLOTS), "-c", str(SLOTS * SLOT_CONTEXT),
+            "--jinja", "--alias", MODEL, "--no-webui"], "chat", MODEL, port, note=f"llama-server {binary.version}: -t {threads}, -np {SLOTS}")
     kiln_port = free_port()
     upstream = ["--engine", "upstream", "--upstream", llama.base_url, "--upstream-kind", "llama-server", "--max-batch", str(SLOTS), "--context-length", str(SLOT_CONTEXT)]
-    kiln = ServerSpec("kiln_upstream", [*_kiln_exe(), "serve", "--port", str(kiln_port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}", *upstream], "responses", MODEL, kiln_port, env=dict(os.environ), note="kiln serve --engine upstream, through /v1/chat/completions")
+    kiln = ServerSpec("kiln_upstream", [*_kiln_exe(), "serve", "--port", str(kiln_port), "--workers-bind", f"tcp://127.0.0.1:{free_port()}", *upstream], "responses", MODEL, kiln_port,
+        env=dict(os.environ), note="kiln serve --engine upstream, through /v1/chat/completions")
     return llama, kiln
 
 

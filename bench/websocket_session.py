@@ -49,7 +49,8 @@ def over_http(base: str, turns: int, max_tokens: int, session: str = "A") -> tup
     with httpx.Client(base_url=base, timeout=600) as http:
         for i in range(turns):
             history += tool_turn(i)
-            body = json.dumps({"model": MODEL, "instructions": f"Session {session}. " + INSTRUCTIONS, "input": history, "tools": [TOOL], "max_output_tokens": max_tokens, "temperature": 0, "stream": True, "store": False})
+            body = json.dumps({"model": MODEL, "instructions": f"Session {session}. " + INSTRUCTIONS, "input": history, "tools": [TOOL], "max_output_tokens": max_tokens, "temperature": 0,
+                "stream": True, "store": False})
             sent.append(len(body.encode()))
             start = time.monotonic()
             first = None
@@ -73,7 +74,8 @@ def over_socket(base: str, turns: int, max_tokens: int, session: str = "B") -> t
     with websockets.sync.client.connect(base.replace("http", "ws", 1) + "/v1/responses", max_size=None) as ws:
         for i in range(turns):
             new = ([{"role": "user", "content": "Look at the project and summarise it."}] if i == 0 else []) + tool_turn(i)
-            body = {"type": "response.create", "model": MODEL, "instructions": f"Session {session}. " + INSTRUCTIONS, "input": new, "tools": [TOOL], "max_output_tokens": max_tokens, "temperature": 0, "store": False}
+            body = {"type": "response.create", "model": MODEL, "instructions": f"Session {session}. " + INSTRUCTIONS, "input": new, "tools": [TOOL], "max_output_tokens": max_tokens,
+                "temperature": 0, "store": False}
             if previous:
                 body["previous_response_id"] = previous
             text = json.dumps(body)

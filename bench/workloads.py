@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import httpx
 
 from . import prompts
-from .client import StreamResult, _API, median, percentile
+from .client import _API, StreamResult, median, percentile
 
 WORKLOADS = ("single", "concurrent", "conversation", "shared_system")
 # `--model-shape` runs (1B-8B models on a CPU): the issue's four figures, in minutes per run.
@@ -49,11 +49,12 @@ class Config:
     timeout: float = 900.0
 
     @classmethod
-    def quick(cls) -> "Config":
-        return cls(single_reps=1, output_tokens=32, concurrency=(1, 4), turns=3, turn_output_tokens=16, system_tokens=256, system_requests=2, system_output_tokens=8, edit_reps=1, edit_output_tokens=128, long_prompt_tokens=256)
+    def quick(cls) -> Config:
+        return cls(single_reps=1, output_tokens=32, concurrency=(1, 4), turns=3, turn_output_tokens=16, system_tokens=256, system_requests=2, system_output_tokens=8, edit_reps=1,
+            edit_output_tokens=128, long_prompt_tokens=256)
 
     @classmethod
-    def model_shape(cls, quick: bool = False) -> "Config":
+    def model_shape(cls, quick: bool = False) -> Config:
         """For 1B-8B models at a few tokens a second: one stream (64 tokens, 3 requests; the
         median), 8 streams together, and one 1,000-token prompt. `quick`: 32 tokens, 1 request,
         a 256-token long prompt."""

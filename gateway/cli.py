@@ -43,7 +43,7 @@ def checked(settings: Settings) -> Settings:
         try:
             async_url(settings.database_url)
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--database-url")
+            raise click.BadParameter(str(exc), param_hint="--database-url") from exc
     if settings.advertise_workers and not settings.redis_url:
         raise click.UsageError("--advertise-workers needs --redis-url (env KILN_REDIS_URL): the address is advertised there")
     if settings.store_mode == "redis" and not settings.redis_url:
@@ -52,7 +52,7 @@ def checked(settings: Settings) -> Settings:
         try:
             Catalog.load(settings.catalog_path)
         except (CatalogError, OSError, ValueError) as exc:
-            raise click.BadParameter(str(exc), param_hint="--catalog")
+            raise click.BadParameter(str(exc), param_hint="--catalog") from exc
         settings = replace(settings, catalog_path=os.path.abspath(settings.catalog_path))
     if settings.config_path:
         from kiln.protocol.model_config import ConfigError, load_config
@@ -60,7 +60,7 @@ def checked(settings: Settings) -> Settings:
         try:
             load_config(settings.config_path)
         except ConfigError as exc:
-            raise click.BadParameter(str(exc), param_hint="--config")
+            raise click.BadParameter(str(exc), param_hint="--config") from exc
         settings = replace(settings, config_path=os.path.abspath(settings.config_path))
     if settings.supervisor_fd is not None:
         from .pool.supervisor_link import check_fd
@@ -85,7 +85,7 @@ def admin_token(token: str | None, token_file: str | None) -> str | None:
             with open(token_file, encoding="utf-8") as f:
                 token = f.read().strip()
         except (OSError, UnicodeDecodeError):
-            raise click.BadParameter("cannot read the admin token file", param_hint="--admin-token-file")
+            raise click.BadParameter("cannot read the admin token file", param_hint="--admin-token-file") from None
         if not token:
             raise click.BadParameter("the admin token file is empty", param_hint="--admin-token-file")
         return token
@@ -103,7 +103,7 @@ def worker_secret(workers_bind: str, value: str | None, path: str | None, allow_
     try:
         secret = load_secret(value, path)
     except SecretError as exc:
-        raise click.BadParameter(str(exc), param_hint="--worker-secret")
+        raise click.BadParameter(str(exc), param_hint="--worker-secret") from exc
     if secret is None and not is_local_endpoint(workers_bind):
         raise click.UsageError(
             f"--workers-bind {workers_bind} can be reached from other hosts, and without a worker secret any "

@@ -9,8 +9,9 @@ that scripts can take it with ``tail -n1``; it is shown only once.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from decimal import Decimal, InvalidOperation
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import click
 

@@ -55,14 +55,14 @@ def serve(**options: Any) -> None:
         try:
             served = load_config(own.config_path).models
         except ConfigError as exc:
-            raise click.UsageError(str(exc))
+            raise click.UsageError(str(exc)) from exc
         count = sum(m.workers for m in served)
     # Gateway and workers authenticate each other with a secret of their own, unless the user set
     # one, e.g. for workers on other hosts.
     try:
         secret = load_secret(options["worker_secret"], options["worker_secret_file"]) or generate_secret()
     except SecretError as exc:
-        raise click.BadParameter(str(exc), param_hint="--worker-secret")
+        raise click.BadParameter(str(exc), param_hint="--worker-secret") from exc
     secrets = {"worker_secret": secret, "worker_secret_file": None}
     sealing: dict[str, str] = {}
     if not options["secret_key"]:
@@ -72,7 +72,7 @@ def serve(**options: Any) -> None:
         try:
             sealing["secret_key"] = sealing_key(Path(own.data_dir).expanduser() if own.data_dir else default_data_dir())
         except StateError as exc:
-            raise click.BadParameter(str(exc), param_hint="--data-dir")
+            raise click.BadParameter(str(exc), param_hint="--data-dir") from exc
     runtime = private_runtime_dir()
     try:
         bind = own.workers_bind or f"ipc://{runtime}/workers.sock"
@@ -108,7 +108,8 @@ def serve(**options: Any) -> None:
         else:
             assert served is not None
             model = next((m.id for m in served if not m.on_demand), served[0].id)
-        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port), on_demand=on_demand, ready_line=try_line(gateway, model))
+        supervisor = build(gateway_args=to_argv(gateway), gateway_env=child_env(gateway, base), workers=workers, worker_env=worker_env, health_url=health_url(gateway.host, gateway.port),
+            on_demand=on_demand, ready_line=try_line(gateway, model))
         code = supervisor.run()
     finally:
         shutil.rmtree(runtime, ignore_errors=True)

@@ -194,7 +194,8 @@ def provider_block(
 @click.option("--provider-id", default="kiln", show_default=True, help="The [model_providers.ID] table and model_provider value.")
 @click.option("--env-key", default=DEFAULT_ENV_KEY, show_default=True, help="Environment variable Codex reads the API key from (any value for a local gateway).")
 @click.option("--auto-compact-limit", type=click.IntRange(min=1), default=None, help="Tokens at which Codex compacts. Default: the window less a quarter (1k..16k) for output.")
-@click.option("--shell-type", type=click.Choice(["shell_command", "unified_exec", "local", "default", "disabled"]), default=None, help="Codex's shell tool. Default: shell_command for windows up to 32k, else unified_exec.")
+@click.option("--shell-type", type=click.Choice(["shell_command", "unified_exec", "local", "default", "disabled"]), default=None,
+    help="Codex's shell tool. Default: shell_command for windows up to 32k, else unified_exec.")
 @click.option("--websockets/--no-websockets", default=True, show_default=True, help="Write supports_websockets for the provider: Codex then runs each session over one WebSocket.")
 def codex_config(model_id, base_url, catalog_out, hosted_tools, provider_name, provider_id, env_key, auto_compact_limit, shell_type, websockets) -> None:
     """Print a Codex CLI provider block for this Kiln and write its model catalog.
@@ -205,7 +206,7 @@ def codex_config(model_id, base_url, catalog_out, hosted_tools, provider_name, p
     try:
         models = fetch_models(base_url, os.environ.get(env_key))
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot list models at {base_url.rstrip('/')}/models: {exc}. Is `kiln serve` running there?")
+        raise click.ClickException(f"cannot list models at {base_url.rstrip('/')}/models: {exc}. Is `kiln serve` running there?") from exc
     if not models:
         raise click.ClickException(f"the gateway at {base_url} serves no models yet (no worker connected); try again when GET /health lists a worker.")
     ids = [m["id"] for m in models]

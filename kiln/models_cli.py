@@ -62,7 +62,7 @@ def pull(model: str) -> None:
     try:
         path = resolve(hub)
     except HubModelError as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(str(exc)) from exc
     click.echo(f"{hub.model_id}: {path}")
 
 

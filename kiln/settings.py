@@ -18,9 +18,12 @@ DECIDED_FLAGS = ("--gateway", "--discover-redis", "--supervisor-fd", "--progress
 
 @dataclass(frozen=True)
 class ServeSettings:
-    config_path: str | None = setting(None, flag="--config", file=True, help="A kiln.toml with [[models]] tables: several models, each with its own workers (replaces --model, --model-alias and --workers).")
+    config_path: str | None = setting(None, flag="--config", file=True,
+        help="A kiln.toml with [[models]] tables: several models, each with its own workers (replaces --model, --model-alias and --workers).")
     workers: int = setting(1, min=1, help="Worker processes to start (each loads the model).")
     # Declared here, ahead of the gateway's own --workers-bind, because the default differs.
     workers_bind: str | None = setting(None, help="ZeroMQ address between gateway and workers. Default: a private ipc:// socket of this server, so several servers on one machine never collide.")
     # Default (None): kiln/state.py default_data_dir(), $XDG_DATA_HOME/kiln or ~/.local/share/kiln.
-    data_dir: str | None = setting(None, help="Where kiln serve keeps what outlives a restart: the key (secret-key, mode 0600) that seals reasoning handed to clients, unless --secret-key is set. Default: $XDG_DATA_HOME/kiln, else ~/.local/share/kiln.")
+    data_dir: str | None = setting(None,
+        help="Where kiln serve keeps what outlives a restart: the key (secret-key, mode 0600) that seals reasoning handed to clients, unless --secret-key is set. Default: $XDG_DATA_HOME/kiln, "
+            "else ~/.local/share/kiln.")

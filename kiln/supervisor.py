@@ -37,8 +37,8 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kiln.protocol.control import ControlMessage, ModelExited, ModelStopped, StartModel, StopModel
 

@@ -33,7 +33,7 @@ class Capabilities:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_map(cls, raw: Any) -> "Capabilities":
+    def from_map(cls, raw: Any) -> Capabilities:
         if not isinstance(raw, dict):
             return cls()
         values: dict[str, Any] = {}

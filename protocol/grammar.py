@@ -34,7 +34,7 @@ TOOL_ARGS_OPTIONS: dict[str, Any] = {**JSON_COMPILE_OPTIONS, "lenient": True}
 SchemaUse = Literal["text_format", "tool_arguments"]
 
 
-def compile_options(use: SchemaUse) -> "JsonCompileOptions":
+def compile_options(use: SchemaUse) -> JsonCompileOptions:
     """The llguidance ``overrides`` a schema of this use is compiled with."""
     return cast("JsonCompileOptions", dict(TOOL_ARGS_OPTIONS if use == "tool_arguments" else JSON_COMPILE_OPTIONS))
 

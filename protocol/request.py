@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 MAX_SEED = 2**63 - 1  # mlx's PRNG keys are 64-bit; kept signed-safe
 MAX_TOP_LOGPROBS = 20
@@ -350,7 +350,7 @@ class Marker:
         _string(self.type, "input")
 
 
-InputItem = Union[Message, FunctionCall, FunctionCallOutput, Reasoning, Marker]
+InputItem = Message | FunctionCall | FunctionCallOutput | Reasoning | Marker
 
 
 def item_to_wire(item: InputItem) -> dict[str, Any]:

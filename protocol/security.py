@@ -85,7 +85,7 @@ def generate_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def secure_gateway_socket(sock: "zmq.Socket[Any]", keys: CurveKeys) -> None:
+def secure_gateway_socket(sock: zmq.Socket[Any], keys: CurveKeys) -> None:
     """Make the gateway's ROUTER a CURVE server that asks the ZAP handler about each client.
 
     Call before ``bind``; the caller runs the ZAP handler (gateway/pool/worker_auth.py).
@@ -96,7 +96,7 @@ def secure_gateway_socket(sock: "zmq.Socket[Any]", keys: CurveKeys) -> None:
     sock.zap_domain = ZAP_DOMAIN
 
 
-def secure_worker_socket(sock: "zmq.Socket[Any]", secret: str | None) -> None:
+def secure_worker_socket(sock: zmq.Socket[Any], secret: str | None) -> None:
     """Make a worker's DEALER a CURVE client of the gateway; a no-op without a secret.
 
     Call before ``connect``. With the wrong secret the handshake fails, so not a single frame the

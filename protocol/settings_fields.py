@@ -208,7 +208,7 @@ def settings_options(*classes: type, exclude: Collection[str] = ()) -> Callable[
         params: list[click.Parameter] = list(getattr(func, "__click_params__", []))
         # click applies decorators bottom-up and reverses the list, so add ours reversed.
         params.extend(reversed(options))
-        setattr(func, "__click_params__", params)
+        setattr(func, "__click_params__", params)  # noqa: B010 (an attribute mypy cannot see on a Callable)
         return func
 
     return decorate

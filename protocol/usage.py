@@ -32,7 +32,7 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     @classmethod
-    def from_map(cls, usage: Mapping[str, Any] | None) -> "Usage":
+    def from_map(cls, usage: Mapping[str, Any] | None) -> Usage:
         """The counts of a Responses ``usage`` map (zeros for what is absent or malformed)."""
         if not isinstance(usage, Mapping):
             return cls()
@@ -58,7 +58,7 @@ class Usage:
             "total_tokens": self.total_tokens,
         }
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.input_tokens + other.input_tokens,
             self.cached_tokens + other.cached_tokens,

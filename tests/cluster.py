@@ -153,7 +153,7 @@ class Cluster:
         self.worker_procs.append(proc)
         return proc
 
-    def start(self, timeout: float = 240) -> "Cluster":
+    def start(self, timeout: float = 240) -> Cluster:
         binary = haproxy()
         if binary is None and self.with_haproxy:
             raise RuntimeError("haproxy is not installed (./dev setup installs it where apt is available)")
@@ -164,7 +164,7 @@ class Cluster:
                 self.add_worker(gateways)
             if self.with_haproxy:
                 config = self.tmp / "haproxy.cfg"
-                servers = {name: f"127.0.0.1:{port}" for name, port in zip(self.names, self.ports)}
+                servers = {name: f"127.0.0.1:{port}" for name, port in zip(self.names, self.ports, strict=False)}
                 config.write_text(loopback_haproxy_config(HAPROXY_CONFIG.read_text(), port=self.port, stats_port=self.stats_port, servers=servers))
                 self.balancer = Proc([binary, "-db", "-f", str(config)], self._env(), self.tmp / "haproxy.log").start()
             self.wait_ready(timeout)

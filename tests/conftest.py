@@ -39,7 +39,7 @@ _LOADS_THE_MODEL = re.compile(r"\bload_model\(|bundled_model_path|BUNDLED_MODEL"
 _RUNS_THE_APP = re.compile(r"\b(create_app|TestClient|local_app|hosted_app|FakePool|ASGITransport|client_for)\b")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source(obj: Any) -> str:
     try:
         return inspect.getsource(obj)

@@ -51,7 +51,7 @@ class Proc:
     log_path: Path
     process: subprocess.Popen | None = None
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         return self
@@ -96,9 +96,10 @@ class Kiln:
     def _env(self) -> dict[str, str]:
         return process_env({"KILN_WORKER_SECRET": self.secret, **self.env} if self.secret else self.env)
 
-    def start(self, timeout: float = 180) -> "Kiln":
+    def start(self, timeout: float = 180) -> Kiln:
         trust = [] if self.secret else ["--allow-unauthenticated-workers"]
-        gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *trust, *self.gateway_args], self._env(), self.tmp / "gateway.log")
+        gw = Proc([sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "3", *trust, *self.gateway_args], self._env(),
+            self.tmp / "gateway.log")
         self.gateway = gw.start()
         self.procs.append(gw)
         for _ in range(self.workers):
@@ -170,6 +171,6 @@ def worker_pids(root: int, model: str) -> list[int]:
                 argv = f.read().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == root and b"kiln.worker" in argv and any(a == b"--model-id" and b == model.encode() for a, b in zip(argv, argv[1:])):
+        if ppid == root and b"kiln.worker" in argv and any(a == b"--model-id" and b == model.encode() for a, b in zip(argv, argv[1:], strict=False)):
             found.append(int(entry))
     return found

@@ -40,7 +40,7 @@ def main(**options: Any) -> None:
     try:  # checked before the model loads, which takes a while
         secret = load_secret(settings.worker_secret, settings.worker_secret_file)
     except SecretError as exc:
-        raise click.BadParameter(str(exc), param_hint="--worker-secret")
+        raise click.BadParameter(str(exc), param_hint="--worker-secret") from exc
     gateways = gateway_list(settings.gateway, discovering=settings.discover_redis is not None)
     settings = replace(settings, gateway=gateways, worker_secret=secret, worker_secret_file=None)
     if settings.engine == "mlx":
@@ -83,7 +83,7 @@ def from_config(settings: WorkerSettings) -> WorkerSettings:
     try:
         model = load_config(settings.config_path).model(settings.model_id)
     except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--config")
+        raise click.BadParameter(str(exc), param_hint="--config") from exc
     return replace(settings, config_path=None, **model.worker_settings())
 
 
@@ -104,10 +104,9 @@ def served_names(settings: WorkerSettings) -> tuple[str, list[str]]:
 
 
 def build_server(settings: WorkerSettings):
+    from .capabilities import describe
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
-
-    from .capabilities import describe
     from .setup import Constraints, model_extras
 
     ready = None  # the MLX and scripted engines are ready once built
@@ -126,7 +125,7 @@ def build_server(settings: WorkerSettings):
         try:
             upstream = build_upstream(settings)
         except ValueError as exc:
-            raise click.UsageError(str(exc))
+            raise click.UsageError(str(exc)) from exc
         tokenizer, scheduler, constraints = upstream.tokenizer, upstream.scheduler, upstream.constraints
         model_id, aliases, window = upstream.model_id, upstream.aliases, upstream.context_window
         ready = lambda: upstream.scheduler.healthy  # noqa: E731
@@ -146,7 +145,8 @@ def build_server(settings: WorkerSettings):
         constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
         check = CheckSource(loaded.source_path, settings.weights, settings.weight_layout)
         with progress.step("preparing the engine"):  # on the CPU: measures both weight layouts
-            scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes, input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
+            scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes,
+                input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
         model_id, aliases = served_names(settings)
         window = loaded.context_window
         if settings.context_length:
@@ -164,4 +164,5 @@ def build_server(settings: WorkerSettings):
 
         discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
     features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
-    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth, features=features, secret=settings.worker_secret, discovery=discovery, ready=ready)
+    return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth,
+        features=features, secret=settings.worker_secret, discovery=discovery, ready=ready)

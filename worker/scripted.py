@@ -12,8 +12,8 @@ Real-model tests cover the same code paths.
 
 from __future__ import annotations
 
-import logging
 import codecs
+import logging
 import os
 import queue
 import threading
@@ -43,7 +43,7 @@ class ByteTokenizer:
     def decode(self, tokens: list[int]) -> str:
         return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
 
-    def stream_decoder(self) -> "ByteStreamDecoder":
+    def stream_decoder(self) -> ByteStreamDecoder:
         return ByteStreamDecoder()
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **_: Any) -> str:

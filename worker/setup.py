@@ -18,7 +18,7 @@ from .prompt import RenderOptions
 log = logging.getLogger("kiln.worker.setup")
 
 
-def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constraints | None" = None) -> dict[str, Any]:
+def model_extras(tokenizer: Any, tool_parser: str | None, constraints: Constraints | None = None) -> dict[str, Any]:
     """Keyword arguments for GenerationService that depend on the loaded model (and --tool-parser).
 
     ``constraints``: the model's grammar compiler, when the caller started building it earlier."""
@@ -37,7 +37,8 @@ def model_extras(tokenizer: Any, tool_parser: str | None, constraints: "Constrai
         # A forced call is generated in the Hermes syntax the grammar spells out, whatever the
         # model's own format, so it is parsed as Hermes.
         chosen = "hermes" if request.forces_call else override
-        return make_router(prompt_text, tools=functions(request), tool_choice=request.tool_choice.mode, parser_factory=partial(_parser, template, chosen), forced=request.forces_call, forced_name=forced_name(request))
+        return make_router(prompt_text, tools=functions(request), tool_choice=request.tool_choice.mode, parser_factory=partial(_parser, template, chosen), forced=request.forces_call,
+            forced_name=forced_name(request))
 
     constraints = constraints or Constraints(tokenizer)
     return {

@@ -23,7 +23,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import llguidance
 import mlx.core as mx
@@ -243,7 +244,7 @@ class GrammarCompiler:
         self.compile_seconds: dict[str, float] = {}
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any, **kwargs: Any) -> "GrammarCompiler":
+    def from_tokenizer(cls, tokenizer: Any, **kwargs: Any) -> GrammarCompiler:
         """Build from kiln.worker.loading's Tokenizer (``.hf_tokenizer``, ``.eos_token_ids``)."""
         return cls(tokenizer.hf_tokenizer, tokenizer.eos_token_ids, **kwargs)
 
@@ -251,7 +252,7 @@ class GrammarCompiler:
     def vocab_size(self) -> int:
         return self.ll_tokenizer.vocab_size
 
-    def processor_for(self, text_format: Mapping[str, Any] | None) -> "ConstraintProcessor | None":
+    def processor_for(self, text_format: Mapping[str, Any] | None) -> ConstraintProcessor | None:
         """A fresh processor for a request's ``text.format``; ``None`` when it adds no constraint."""
         if not text_format or text_format.get("type", "text") == "text":
             return None
@@ -259,14 +260,14 @@ class GrammarCompiler:
         template = self._cached(key, lambda: grammar_for_format(text_format) or "")
         return ConstraintProcessor(template.deep_copy(), self.stop_token_ids, self.vocab_size)
 
-    def processor_for_grammar(self, grammar: str) -> "ConstraintProcessor":
+    def processor_for_grammar(self, grammar: str) -> ConstraintProcessor:
         """A fresh processor for a Lark or llguidance grammar (e.g. ``tool_call_grammar``)."""
         template = self._cached("grammar:" + grammar, lambda: grammar)
         return ConstraintProcessor(template.deep_copy(), self.stop_token_ids, self.vocab_size)
 
     def tool_call_processor(
         self, tools: Sequence[Mapping[str, Any]], choice: ToolChoice | str | Mapping[str, Any], parallel: bool
-    ) -> "ConstraintProcessor":
+    ) -> ConstraintProcessor:
         """Force a Hermes tool call, naming the tags as special tokens when this vocab has them."""
         special = "<tool_call>" in self._special_tokens and "</tool_call>" in self._special_tokens
         grammar = tool_call_grammar(tools, choice, parallel, tags_are_special_tokens=special)

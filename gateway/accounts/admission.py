@@ -117,7 +117,8 @@ def _reservation_tokens(body: Mapping[str, Any], window: int) -> tuple[int, int]
     return inp, min(out, window)
 
 
-async def admit(accounts: Accounts, *, principal: Principal, generation_id: str, body: Mapping[str, Any], pool: Any, reserve: bool = True, slot: Slot | None = None, loader: Any = None) -> HostedTicket:
+async def admit(accounts: Accounts, *, principal: Principal, generation_id: str, body: Mapping[str, Any], pool: Any, reserve: bool = True, slot: Slot | None = None,
+    loader: Any = None) -> HostedTicket:
     """Admit a metered request (raises the contract's ApiError) and reserve its worst-case cost.
 
     ``reserve=False`` (token counting) checks the balance without reserving and writes no row.

@@ -12,7 +12,8 @@ shares the counters between gateway replicas.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from kiln.gateway.http.errors import ApiError
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import logging
-
-import anyio
-from starlette.types import Message, Receive, Scope, Send
 from collections.abc import MutableMapping
 from typing import Any
 
-from kiln.gateway.http.errors import ApiError
+import anyio
+from starlette.types import Message, Receive, Scope, Send
+
 from kiln.gateway.doors.anthropic.translate import error_body, is_messages_path
+from kiln.gateway.http.errors import ApiError
 
 from .metering import new_generation_id
 from .service import Accounts

@@ -9,9 +9,9 @@ same moment from migrating twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
 
 from sqlalchemy import (
     BigInteger,

@@ -191,7 +191,7 @@ class Accounts:
         while True:
             try:
                 older_than = datetime.now(timezone.utc) - timedelta(seconds=self.pending_ttl_s)
-                closed = await self._write(lambda meter: meter.expire_pending(older_than), "expire-pending")
+                closed = await self._write(lambda meter: meter.expire_pending(older_than), "expire-pending")  # noqa: B023 (awaited in this iteration)
                 if closed:
                     log.warning("refunded reservations of requests that never settled", extra={"rows": closed})
             except Exception:

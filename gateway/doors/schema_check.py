@@ -24,15 +24,16 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
-from kiln.protocol.grammar import SchemaUse, schema_error
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from kiln.gateway.http.errors import invalid
+from kiln.protocol.grammar import SchemaUse, schema_error
 
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_SCHEMA_DEPTH = 40

@@ -17,15 +17,15 @@ from typing import Any, TypeVar
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
 
-from ..lifecycle.admission import Ticket
 from ..http.body import read_json
-from .options import DoorOptions
 from ..http.errors import invalid
+from ..lifecycle.admission import Ticket
 from ..lifecycle.generation import GenerationFailed, terminal_event
 from ..lifecycle.run import ResponseRun
 from ..lifecycle.service import ResponsesService
-from .validation import validate_create
 from ..pool.workers import SESSION_HEADERS
+from .options import DoorOptions
+from .validation import validate_create
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -143,7 +143,8 @@ async def start_run(ticket: Ticket, watch: DisconnectWatch, make_run: Callable[[
         raise
 
 
-async def response_stream(run: ResponseRun, opening: dict[str, Any], *, quiet: bool = False, finishing: Callable[[], None] | None = None, finished: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
+async def response_stream(run: ResponseRun, opening: dict[str, Any], *, quiet: bool = False, finishing: Callable[[], None] | None = None,
+    finished: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
     """A started run as the Responses stream, for the SSE and WebSocket doors alike (each numbers
     and frames the events its way): ``response.created`` and ``response.in_progress`` carrying
     ``opening``, the run's events, then the terminal event once the run is finished (billed and

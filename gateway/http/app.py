@@ -9,29 +9,16 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from ..accounts.middleware import AccountsMiddleware
 from ..accounts.service import Accounts
-from ..pool.advertise import advertiser_for
-from .edge import EdgeMiddleware
-from .errors import ApiError
-from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
-from ..pool.ondemand import Launcher, ModelLoader
-from .request_log import install_request_log
+from ..doors.anthropic.routes import count_message_tokens, create_message
 from ..doors.chat.routes import create_chat_completion
 from ..doors.completions.routes import create_completion
-from ..doors.anthropic.routes import count_message_tokens, create_message
-from .routes.conversations import ROUTES as CONVERSATION_ROUTES
-from .routes.health import health
-from .routes.models import get_model, list_models
-from .routes.usage import hosted_routes
-from .routes.admin import ROUTES as ADMIN_ROUTES
-from ..web.pages import web_routes
-from ..doors.websocket.routes import responses_socket
 from ..doors.responses.routes import (
     cancel_response,
     compact_response,
@@ -41,9 +28,22 @@ from ..doors.responses.routes import (
     input_tokens,
     list_input_items,
 )
+from ..doors.websocket.routes import responses_socket
 from ..lifecycle.service import ResponsesService
-from ..settings import Settings
+from ..pool.advertise import advertiser_for
+from ..pool.ondemand import Launcher, ModelLoader
 from ..pool.workers import WorkerPool
+from ..settings import Settings
+from ..web.pages import web_routes
+from .edge import EdgeMiddleware
+from .errors import ApiError
+from .metrics import Metrics, MetricsMiddleware, metrics_endpoint
+from .request_log import install_request_log
+from .routes.admin import ROUTES as ADMIN_ROUTES
+from .routes.conversations import ROUTES as CONVERSATION_ROUTES
+from .routes.health import health
+from .routes.models import get_model, list_models
+from .routes.usage import hosted_routes
 
 
 def _api_routes() -> list[tuple[str, Callable[..., Any], list[str]]]:
@@ -148,7 +148,8 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
     metrics = Metrics(pool)
     app = Starlette(
         routes=[*(hosted_routes(accounts) + ADMIN_ROUTES if accounts is not None else []), *_routes(), *web_routes(settings)],
-        middleware=[Middleware(EdgeMiddleware, settings=settings), Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
+        middleware=[Middleware(EdgeMiddleware, settings=settings),
+            Middleware(MetricsMiddleware, metrics=metrics)] + ([Middleware(AccountsMiddleware, accounts=accounts)] if accounts is not None else []),
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
     )

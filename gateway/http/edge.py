@@ -40,7 +40,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError
 
-
 OPEN_PATH = "/health"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -109,7 +108,7 @@ class EdgePolicy:
     body_buffer_bytes: int  # 0: no bound
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "EdgePolicy":
+    def from_settings(cls, settings: Any) -> EdgePolicy:
         configured = getattr(settings, "allowed_hosts", None)
         local = settings.auth == "none"
         if configured is not None:
@@ -368,7 +367,8 @@ class EdgeMiddleware:
     def _refusal(self, scope: Scope, headers: dict[str, str], path: str, method: str, origin: str | None) -> ApiError | None:
         policy = self.policy
         if not policy.host_allowed(headers.get("host"), path):
-            return ApiError(403, "This server answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1]); start it with --allowed-hosts to accept other names.", code="host_not_allowed")
+            return ApiError(403, "This server answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1]); start it with --allowed-hosts to accept other names.",
+                code="host_not_allowed")
         if not policy.origin_allowed(origin):
             return ApiError(403, "Requests from web pages at this origin are refused; start the server with --cors-origins to allow it.", code="origin_not_allowed")
         if method == "OPTIONS" and origin is not None and "access-control-request-method" in headers and not policy.cors_allowed(origin):

@@ -28,13 +28,13 @@ from typing import Any
 from kiln.protocol import Compact, Compacted, Failed
 from kiln.protocol.usage import Usage
 
+from ..doors.validation import normalize_input
 from ..http.errors import ApiError, invalid
+from ..pool.worker_request import worker_request
+from ..pool.workers import NoWorker, WorkerPool, routing_key
 from . import truncation
 from .generation import Generation, cache_scope, complete_usage, count_tokens, reply
 from .sealing import PREFIX as SIGNED_PREFIX
-from ..doors.validation import normalize_input
-from ..pool.worker_request import worker_request
-from ..pool.workers import NoWorker, WorkerPool, routing_key
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
@@ -125,7 +125,7 @@ async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int,
     try:
         worker = pool.pick(model, routing_key(body, session))
     except NoWorker:
-        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
+        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
     req_id = uuid.uuid4().hex
     channel = await pool.open(worker, req_id, Compact(req_id, request, keep_tokens, max_output_tokens))
     try:
@@ -213,7 +213,8 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     window = pool.context_window(model) or 0
     items = body["input"]
     if items and items[-1].get("type") == "compaction_trigger":
-        result = await compact(pool, {**body, "input": items[:-1]}, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session, owner=generation.owner)
+        result = await compact(pool, {**body, "input": items[:-1]}, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s,
+            session=generation.options.session, owner=generation.owner)
         generation.add_prefix_item(result.item)
         generation.done_without_worker = True
         generation.response.finish("completed", complete_usage(result.usage))
@@ -228,7 +229,8 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     if counted < threshold and counted < window - 1:
         return
     rid = generation.response.id
-    result = await compact(pool, body, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session, owner=generation.owner)
+    result = await compact(pool, body, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session,
+        owner=generation.owner)
     if not result.summarized:  # asked for to make room, it made none
         raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
     generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response

@@ -15,9 +15,9 @@ from kiln.protocol.usage import Usage
 
 from ..doors.options import NO_OPTIONS, DoorOptions
 from ..http.errors import ApiError
-from .response_object import ResponseObject
 from ..pool.worker_request import worker_request
 from ..pool.workers import Channel, NoWorker, WorkerHandle, WorkerPool, routing_key
+from .response_object import ResponseObject
 
 # The code of a worker's refusal when its batch and queue are full (or its preparation queue).
 OVERLOADED = "server_is_overloaded"
@@ -119,7 +119,7 @@ class Generation:
         try:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
-            raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
+            raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"}) from None
         self.request = request
         await self._send_to(worker)
 
@@ -271,7 +271,7 @@ async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeo
     try:
         worker = pool.pick(model, routing_key(body, options.session))
     except NoWorker:
-        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
+        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
     req_id = uuid.uuid4().hex
     channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, request=request))
     try:

@@ -98,7 +98,7 @@ def check_call_outputs(items: list[dict[str, Any]]) -> None:
     checks): an output for no call is a 400, on HTTP and WebSocket alike, rather than a turn the
     model cannot make sense of."""
     calls: set[Any] = set()
-    for i, item in enumerate(items):
+    for item in items:
         kind = item.get("type")
         if kind == "function_call":
             calls.add(item.get("call_id"))

@@ -58,7 +58,7 @@ class BackgroundJobs:
             worker = self.pool.pick(generation.model, routing_key(generation.body, generation.options.session))
         except NoWorker:
             await jobs.withdraw(job)
-            raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded")
+            raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded") from None
         if worker.overloaded():
             await jobs.withdraw(job)
             raise ApiError(503, "The generation queue is full; retry shortly.", code="server_is_overloaded")
@@ -75,7 +75,7 @@ class BackgroundJobs:
                 await compaction_phase(self.pool, generation, self.settings.first_event_timeout_s)
             except ApiError as error:
                 # context_management runs inside the job: its failure fails the job.
-                raise GenerationFailed(error.status, "invalid_prompt" if error.status == 400 else (error.code or "server_error"), error.message)
+                raise GenerationFailed(error.status, "invalid_prompt" if error.status == 400 else (error.code or "server_error"), error.message) from error
             await generation.open()
             if response.status == "queued":
                 response.data["status"] = "in_progress"

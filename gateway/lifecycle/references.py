@@ -13,7 +13,7 @@ from ..http.errors import invalid
 from ..store.conversations import as_input_item
 from ..store.protocols import StoreUnavailable
 from ..store.stores import Stores
-from .sealing import SealError, Sealer
+from .sealing import Sealer, SealError
 
 log = logging.getLogger("kiln.gateway.responses")
 
@@ -116,7 +116,7 @@ class References:
                     try:
                         payload = self.sealer.unseal("reasoning", blob)
                     except SealError as exc:
-                        raise invalid(f"'input[{i}].encrypted_content' was not produced by this server or was altered ({exc}).", param=f"input[{i}].encrypted_content")
+                        raise invalid(f"'input[{i}].encrypted_content' was not produced by this server or was altered ({exc}).", param=f"input[{i}].encrypted_content") from exc
                     item = {**item, "content": [{"type": "reasoning_text", "text": payload.get("text", "")}]}
             out.append(item)
         return out

@@ -80,7 +80,8 @@ class Retrieval:
             raise not_found(response_id)
         reader = await self.stores.events.reader(response_id)
         if reader is None:
-            raise invalid(f"Response '{response_id}' has no events to stream: streamed retrieval covers background responses and streamed stored responses, while their events are kept.", param="stream")
+            raise invalid(f"Response '{response_id}' has no events to stream: streamed retrieval covers background responses and streamed stored responses, while their events are kept.",
+                param="stream")
         return reader
 
     async def input_items(self, response_id: str, owner: Any = None) -> list[dict[str, Any]]:

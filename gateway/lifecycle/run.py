@@ -27,8 +27,8 @@ import anyio
 
 from kiln.protocol.usage import Usage
 
-from .admission import Ticket
 from ..http.errors import ApiError
+from .admission import Ticket
 from .generation import Generation
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def ledger_outcome(status: str, *, client_gone: bool, delivered_output: bool) ->
 class ResponseRun:
     """One foreground response between admission and its last byte."""
 
-    def __init__(self, service: "ResponsesService", generation: Generation, own_input: list[dict[str, Any]], ticket: Ticket, *, streaming: bool) -> None:
+    def __init__(self, service: ResponsesService, generation: Generation, own_input: list[dict[str, Any]], ticket: Ticket, *, streaming: bool) -> None:
         self.service = service
         self.generation = generation
         self.own_input = own_input

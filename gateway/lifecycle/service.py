@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import compaction
 from ..doors.options import NO_OPTIONS, DoorOptions
+from ..doors.validation import check_for_model
 from ..http.errors import ApiError, invalid
 from ..http.metrics import GenerationTimer
-from ..doors.validation import check_for_model
 from ..pool.worker_request import check_sampling
 from ..pool.workers import WorkerPool
 from ..settings import Settings
 from ..store.backend import build_stores
 from ..store.protocols import StoreUnavailable
+from . import compaction
 from .generation import Generation, count_tokens, terminal_event
 from .history import TERMINAL, check_call_outputs, expand
 from .jobs import BackgroundJobs

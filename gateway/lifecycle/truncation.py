@@ -17,8 +17,8 @@ from typing import Any
 
 from ..doors.options import NO_OPTIONS, DoorOptions
 from ..http.errors import ApiError
-from .generation import count_tokens
 from ..pool.workers import WorkerPool
+from .generation import count_tokens
 
 Count = Callable[[list[dict[str, Any]]], Awaitable[int]]
 

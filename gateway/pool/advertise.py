@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kiln.gateway.pool.advertise")
 
 
-def advertiser_for(settings: "Settings") -> "Advertiser | None":
+def advertiser_for(settings: Settings) -> Advertiser | None:
     """The advertiser ``--advertise-workers`` asks for, else None (redis is imported only then)."""
     if not settings.advertise_workers or not settings.redis_url:
         return None
@@ -33,7 +33,7 @@ def advertiser_for(settings: "Settings") -> "Advertiser | None":
 
 
 class Advertiser:
-    def __init__(self, redis: "Redis", namespace: str, address: str, *, lease_s: float = ADVERTISE_LEASE_S) -> None:
+    def __init__(self, redis: Redis, namespace: str, address: str, *, lease_s: float = ADVERTISE_LEASE_S) -> None:
         self._redis = redis
         self._key = gateways_key(namespace)
         self.address = address
@@ -44,7 +44,7 @@ class Advertiser:
         self._stopped = False
 
     @classmethod
-    def from_url(cls, url: str, namespace: str, address: str, **kwargs: float) -> "Advertiser":
+    def from_url(cls, url: str, namespace: str, address: str, **kwargs: float) -> Advertiser:
         from redis.asyncio import Redis
 
         return cls(Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), namespace, address, **kwargs)

@@ -167,7 +167,8 @@ class ModelLoader:
         if state.stopping is None and self.pool.serves(state.config.id):
             return
         if self.launcher is None:
-            raise ApiError(503, f"The model '{name}' is loaded on demand, and this gateway has no supervisor to start it: run it under `kiln serve --config`, or start its worker.", code="model_not_loaded", headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ApiError(503, f"The model '{name}' is loaded on demand, and this gateway has no supervisor to start it: run it under `kiln serve --config`, or start its worker.",
+                code="model_not_loaded", headers={"Retry-After": str(RETRY_AFTER_S)})
         state.waiting += 1
         try:
             if state.starting is None or state.starting.done():
@@ -242,7 +243,8 @@ class ModelLoader:
             victims.append(state)
             free += self._cost(state.config)
         if need > free:
-            raise ApiError(503, f"The model '{target.id}' needs {need} bytes and the memory budget has {max(free, 0)} left beside models that are busy; retry shortly.", code="memory_budget_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ApiError(503, f"The model '{target.id}' needs {need} bytes and the memory budget has {max(free, 0)} left beside models that are busy; retry shortly.",
+                code="memory_budget_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)})
         return victims
 
     def _counts(self, model: ModelConfig) -> bool:

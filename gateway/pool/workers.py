@@ -55,8 +55,8 @@ from kiln.protocol import (
 from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
 
-from . import rendezvous
 from ..http.errors import ApiError
+from . import rendezvous
 from .worker_auth import RefusalLog
 
 log = logging.getLogger("kiln.gateway.pool.workers")
@@ -84,7 +84,7 @@ class UsageLimits:
     max_output_tokens: int
 
     @classmethod
-    def of(cls, window: int, max_output_tokens: Any = None, sent_bytes: int | None = None) -> "UsageLimits":
+    def of(cls, window: int, max_output_tokens: Any = None, sent_bytes: int | None = None) -> UsageLimits:
         """A request's own output cap (when it sets one), else the worker's context window,
         which also bounds any prompt; the prompt is bounded by what was sent (``sent_bytes``),
         so a worker announcing a huge window cannot bill a short prompt as a huge one."""
@@ -93,7 +93,7 @@ class UsageLimits:
         return cls(max_input_tokens=prompt, max_output_tokens=min(cap, window))
 
     @classmethod
-    def for_message(cls, info: Register, message: Any, sent_bytes: int | None = None) -> "UsageLimits":
+    def for_message(cls, info: Register, message: Any, sent_bytes: int | None = None) -> UsageLimits:
         """The limits implied by what the gateway asked ``info``'s worker for, in a frame of
         ``sent_bytes`` (None: unknown, the window bounds the prompt)."""
         cap = None

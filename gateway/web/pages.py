@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..http.errors import ApiError
+from ..settings import Settings
 
 STATIC = Path(__file__).with_name("static")
 ASSET_PREFIX = "/ui/"
@@ -44,15 +45,15 @@ PAGE_HEADERS = {
 }
 
 
-def playground_on(settings: object) -> bool:
+def playground_on(settings: Settings) -> bool:
     """``auto``: on for a local gateway (``--auth none``), off in hosted mode."""
-    choice = getattr(settings, "playground")
-    return bool(choice == "on" or (choice == "auto" and getattr(settings, "auth") == "none"))
+    choice = settings.playground
+    return bool(choice == "on" or (choice == "auto" and settings.auth == "none"))
 
 
-def console_on(settings: object) -> bool:
+def console_on(settings: Settings) -> bool:
     """The console manages accounts, which exist in hosted mode only."""
-    return bool(getattr(settings, "console") == "on" and getattr(settings, "auth") == "keys")
+    return bool(settings.console == "on" and settings.auth == "keys")
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def load_assets(folder: Path = STATIC) -> dict[str, Asset]:
     return assets
 
 
-def web_routes(settings: object) -> list[Route]:
+def web_routes(settings: Settings) -> list[Route]:
     """The page routes the settings ask for (none: nothing is mounted, not even the assets)."""
     pages = []
     if playground_on(settings):

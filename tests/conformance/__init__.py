@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ EXTRA_ERROR_CODES = ["context_length_exceeded", "server_is_overloaded", "server_
 API_SCHEMA_PATH = Path(__file__).with_name("openai-api.schema.json")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bundle(path: Path) -> dict:
     """A schema bundle, read once, with Kiln's documented extra error codes allowed."""
     bundle = json.loads(path.read_text())
@@ -32,7 +32,7 @@ def _bundle(path: Path) -> dict:
     return bundle
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(ref: str, path: Path = SCHEMA_PATH) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator({**_bundle(path), "$ref": f"#/$defs/{ref}"})
 

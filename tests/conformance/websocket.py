@@ -12,6 +12,7 @@ from typing import Any
 
 from . import assert_api_object, assert_stream
 
+
 def assert_ws_frame(frame: Any) -> None:
     """One server frame (already parsed) is a ResponsesServerEvent."""
     assert isinstance(frame, dict), frame

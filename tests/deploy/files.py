@@ -3,7 +3,7 @@ engine). Each check says which file and which place it judges, so a failure name
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ HEALTHCHECK = DEPLOY / "docker" / "healthcheck.py"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _documents(path: Path) -> tuple[Any, ...]:
     return tuple(doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
 

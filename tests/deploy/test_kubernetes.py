@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import jsonschema
@@ -22,7 +22,7 @@ VERSION = "v1.33.0-local-strict"
 KIND_SCHEMAS = SCHEMAS / "kubernetes" / VERSION
 
 
-@lru_cache(maxsize=None)
+@cache
 def _registry() -> Registry:
     definitions = json.loads((KIND_SCHEMAS / "_definitions.json").read_text())
     return Registry().with_resource(definitions["$id"], Resource.from_contents(definitions))
@@ -115,7 +115,7 @@ def test_config_and_secrets_are_referenced_never_inlined():
     created = set(re.findall(r"kubectl create configmap (\S+)", text))
     secret_keys = set(re.findall(r"--from-file=([\w-]+)=", text))
     assert not [d for _, d in manifests() if d["kind"] == "Secret"]
-    for kind, container, pod in _containers():
+    for _kind, container, pod in _containers():
         for volume in pod["volumes"]:
             if "configMap" in volume:
                 assert volume["configMap"]["name"] in defined | created, volume

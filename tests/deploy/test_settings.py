@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import click
@@ -83,7 +83,7 @@ def entrypoint_files() -> set[str]:
     return {f"{name}_FILE" for name in names.split()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def environment_only(daemon: str) -> frozenset[str]:
     """KILN_ variables a daemon reads without a flag (KILN_NATIVE_CACHE, ...): quoted in its source."""
     names: set[str] = set()

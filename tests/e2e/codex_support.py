@@ -68,7 +68,7 @@ class LoggedKiln(Kiln):
         # often enough to make these tests flaky, so the server's default is greedy here.
         self.env = {**self.env, "KILN_REQUEST_LOG": str(self.request_log), "KILN_DEFAULT_TEMPERATURE": "0"}
 
-    def start(self, timeout: float = 300) -> "LoggedKiln":
+    def start(self, timeout: float = 300) -> LoggedKiln:
         # As Kiln.start, with the gateway run through kiln.gateway.logged_cli (which installs the
         # log whether or not create_app has the hook).
         argv = [sys.executable, "-m", "kiln.gateway.logged_cli", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "10", *self.gateway_args]
@@ -138,7 +138,7 @@ class CodexHome:
             done = subprocess.run(argv, cwd=self.work, env=self.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             self.transcript.append(f"$ {' '.join(argv[1:])}\n(timed out after {timeout}s)\n{_text(exc.stdout)}\n{_text(exc.stderr)[-3000:]}")
-            raise AssertionError(f"codex exec timed out after {timeout}s\n{self.report()}")
+            raise AssertionError(f"codex exec timed out after {timeout}s\n{self.report()}") from exc
         self.transcript.append(f"$ {' '.join(argv[1:])}\nrc={done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}")
         return done
 

@@ -241,14 +241,19 @@ class Checks:
             code = self._error_code(response, error)
             if code != "previous_response_not_found":
                 raise Problem(f"reconnected continuation: code {code!r}, expected previous_response_not_found")
-            response, error = self._turn(ws, {"model": self.model, "store": False, "input": [{"type": "message", "role": "user", "content": "The previous store:false chain could not continue after reconnect. Start a new response and reply with exactly: recovered"}]})
+            response, error = self._turn(ws,
+                {"model": self.model, "store": False,
+                    "input": [{"type": "message", "role": "user",
+                        "content": "The previous store:false chain could not continue after reconnect. Start a new response and reply with exactly: recovered"}]})
         if error:
             raise Problem(f"recovery: error frame {error}")
         self._completed_with_output(response, "recovery: ")
 
     def websocket_previous_response_not_found(self) -> None:
         with self._socket() as ws:
-            response, error = self._turn(ws, {"model": self.model, "store": False, "previous_response_id": f"resp_openresponses_missing_{int(time.time() * 1000)}", "input": "This should fail because the previous response is missing."})
+            response, error = self._turn(ws,
+                {"model": self.model, "store": False, "previous_response_id": f"resp_openresponses_missing_{int(time.time() * 1000)}",
+                    "input": "This should fail because the previous response is missing."})
         code = self._error_code(response, error)
         if code != "previous_response_not_found":
             raise Problem(f"code {code!r}, expected previous_response_not_found")
@@ -330,4 +335,4 @@ class Checks:
         """All at once, as the suite runs them; per test id, its problems (empty: passed)."""
         names = list(self.tests())
         with ThreadPoolExecutor(max_workers=len(names)) as pool:
-            return dict(zip(names, pool.map(self.run_one, names)))
+            return dict(zip(names, pool.map(self.run_one, names), strict=False))

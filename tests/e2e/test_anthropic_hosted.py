@@ -15,8 +15,8 @@ import random
 import anthropic
 import httpx
 import pytest
-from kiln.gateway.accounts.money import usd_to_nanos
 
+from kiln.gateway.accounts.money import usd_to_nanos
 from tests.e2e.test_hosted_gateway import (
     MODEL,
     credits_nanos,
@@ -156,5 +156,5 @@ def test_ledger_rows_equal_client_seen_usage_over_200_mixed_requests(hosted):
             assert usd_to_nanos(str(usage["cost"])) == row["cost_nanousd"]
     debited = before - credits_nanos(url, "acme")
     assert debited == sum(rows[r["gen"]]["cost_nanousd"] for r in results)
-    stopped = [r for r, b in zip(results, bodies) if "stop_sequences" in b]
+    stopped = [r for r, b in zip(results, bodies, strict=False) if "stop_sequences" in b]
     assert any(r["stop_reason"] == "stop_sequence" for r in stopped)

@@ -14,8 +14,8 @@ from decimal import Decimal
 
 import httpx
 import pytest
-from kiln.gateway.accounts.money import usd_to_nanos
 
+from kiln.gateway.accounts.money import usd_to_nanos
 from tests.conformance import assert_component, assert_error
 from tests.e2e.test_hosted_gateway import (
     ADMIN_TOKEN,
@@ -157,7 +157,7 @@ def test_two_hundred_mixed_requests_reconcile(hosted):
     plain = [r for r in results if r["cost"] is not None]
     assert abs(sum(Decimal(repr(r["cost"])) for r in plain) - Decimal(sum(rows[r["gen"]]["cost_nanousd"] for r in plain)).scaleb(-9)) < Decimal("1e-12")
     assert all(rows[g]["status"] in ("completed", "incomplete") for g in mine)
-    stopped = [r for (_, b), r in zip(bodies, results) if b.get("stop") == "Kiln"]
+    stopped = [r for (_, b), r in zip(bodies, results, strict=False) if b.get("stop") == "Kiln"]
     assert stopped and all(r["usage"]["completion_tokens"] < len("Kiln hosted gateway test reply. Kiln") for r in stopped)
 
 

@@ -22,7 +22,9 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]},
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone.", "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}}, "required": ["timezone"]}}}
+TIME = {"type": "function",
+    "function": {"name": "get_time", "description": "Current time in a timezone.",
+        "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}}, "required": ["timezone"]}}}
 
 
 def conforms(obj) -> None:
@@ -30,7 +32,8 @@ def conforms(obj) -> None:
 
 
 def test_create_text(openai_client):
-    resp = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is the capital of France?"}], max_tokens=24, temperature=0)
+    resp = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24, temperature=0)
     conforms(resp)
     choice = resp.choices[0]
     assert choice.message.role == "assistant" and choice.message.content.strip()
@@ -40,7 +43,8 @@ def test_create_text(openai_client):
 
 
 def test_stream_text_with_usage_chunk(openai_client):
-    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=32, temperature=0, stream=True, stream_options={"include_usage": True}))
+    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=32, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
     for c in chunks:
         assert_component(c.model_dump(mode="json", exclude_unset=True), "CreateChatCompletionStreamResponse")
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -77,7 +81,8 @@ def test_tool_round_trip(openai_client):
 
 
 def test_streamed_tool_call_arguments(openai_client):
-    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Berlin?"}], tools=[WEATHER], tool_choice="required", max_tokens=120, stream=True))
+    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Berlin?"}], tools=[WEATHER], tool_choice="required", max_tokens=120,
+        stream=True))
     for c in chunks:
         assert_component(c.model_dump(mode="json", exclude_unset=True), "CreateChatCompletionStreamResponse")
     parts = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
@@ -114,7 +119,8 @@ def test_logprobs(openai_client):
     assert len(entries) == resp.usage.completion_tokens or len(entries) == resp.usage.completion_tokens - 1  # the EOS token has no text
     assert all(e.logprob <= 0 and 1 <= len(e.top_logprobs) <= 3 for e in entries)
     assert "".join(e.token for e in entries) == resp.choices[0].message.content
-    streamed = [c for c in openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True) if c.choices and c.choices[0].logprobs]
+    streamed = [c for c in openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+        stream=True) if c.choices and c.choices[0].logprobs]
     assert [e.token for c in streamed for e in c.choices[0].logprobs.content] == [e.token for e in entries]
 
 

@@ -47,7 +47,8 @@ output = "0.30"
 """
 # A stream that cannot end early: the grammar demands a long string, so it is still running while
 # a test does something else (kills its replica, holds the organization's slot).
-LONG = {"format": {"type": "json_schema", "name": "essay", "strict": True, "schema": {"type": "object", "properties": {"essay": {"type": "string", "minLength": 600, "maxLength": 700}}, "required": ["essay"], "additionalProperties": False}}}
+LONG = {"format": {"type": "json_schema", "name": "essay", "strict": True,
+    "schema": {"type": "object", "properties": {"essay": {"type": "string", "minLength": 600, "maxLength": 700}}, "required": ["essay"], "additionalProperties": False}}}
 WAIT_S = 60.0  # generous bound on anything that should take a moment
 
 
@@ -142,7 +143,7 @@ def test_a_five_turn_chain_alternates_replicas_and_either_replica_reads_and_dele
         responses.append(response)
         previous = response.id
     # Each turn's prompt held every earlier turn, whichever replica stored it.
-    for before, after in zip(responses, responses[1:]):
+    for before, after in zip(responses, responses[1:], strict=False):
         assert after.usage.input_tokens > before.usage.input_tokens + before.usage.output_tokens
 
     last, stored_by = responses[-1], cluster.names[(len(said) - 1) % 2]

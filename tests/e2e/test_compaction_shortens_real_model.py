@@ -59,7 +59,8 @@ def test_compact_endpoint_shortens_ten_of_ten(http, base):
 @pytest.mark.slow
 def test_context_management_shortens_ten_of_ten(http, base):
     for _ in range(RUNS):
-        body = {"model": MODEL, "input": history() + [{"role": "user", "content": "Which city was parcel 3 for?"}], "max_output_tokens": 8, "temperature": 0, "context_management": [{"type": "compaction", "compact_threshold": 600}]}
+        body = {"model": MODEL, "input": history() + [{"role": "user", "content": "Which city was parcel 3 for?"}], "max_output_tokens": 8, "temperature": 0,
+            "context_management": [{"type": "compaction", "compact_threshold": 600}]}
         r = http.post("/v1/responses", json=body)
         assert r.status_code == 200, r.text
         response = r.json()

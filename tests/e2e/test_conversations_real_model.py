@@ -33,7 +33,7 @@ def test_item_references_are_rendered(openai_client):
         responses.append(response)
         history.append({"type": "item_reference", "id": response.output[0].id})
     # Each turn's prompt grew by the referenced reply (plus the new question), not by nothing.
-    for before, after in zip(responses, responses[1:]):
+    for before, after in zip(responses, responses[1:], strict=False):
         assert after.usage.input_tokens > before.usage.input_tokens + before.usage.output_tokens
     with pytest.raises(openai.BadRequestError):
         openai_client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_unknown"}])

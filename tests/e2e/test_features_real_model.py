@@ -132,7 +132,8 @@ def test_tool_loop_through_sdk(openai_client):
     call = next(o for o in first.output if o.type == "function_call")
     follow = openai_client.responses.create(
         model=MODEL,
-        input=[{"role": "user", "content": "What's the weather in Paris?"}, *[o.model_dump(exclude_none=True) for o in first.output], {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 21, "sky": "clear"}'}],
+        input=[{"role": "user", "content": "What's the weather in Paris?"}, *[o.model_dump(exclude_none=True) for o in first.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 21, "sky": "clear"}'}],
         tools=[WEATHER],
         max_output_tokens=60,
     )

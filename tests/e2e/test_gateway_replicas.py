@@ -27,9 +27,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.cluster import Cluster
 from tests.conformance import assert_error, assert_response, assert_stream
 from tests.gateway.test_routing import routed
-from tests.cluster import Cluster
 from tests.support import sse_events
 
 pytestmark = pytest.mark.e2e

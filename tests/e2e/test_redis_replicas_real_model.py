@@ -49,7 +49,7 @@ def test_chain_alternates_replicas(two_replicas):
         responses.append(response)
         previous = response.id
     # Each turn's prompt held every earlier turn, whichever replica stored it.
-    for before, after in zip(responses, responses[1:]):
+    for before, after in zip(responses, responses[1:], strict=False):
         assert after.usage.input_tokens > before.usage.input_tokens + before.usage.output_tokens
     last = responses[-1]
     items = clients[0].responses.input_items.list(last.id, order="asc", limit=100).data

@@ -15,7 +15,8 @@ from tests.support import Kiln
 
 MODEL = "smollm2-135m-instruct"
 # A stream that cannot end early: the grammar demands a long string, so its worker stays busy.
-LONG = {"format": {"type": "json_schema", "name": "essay", "strict": True, "schema": {"type": "object", "properties": {"essay": {"type": "string", "minLength": 600, "maxLength": 700}}, "required": ["essay"], "additionalProperties": False}}}
+LONG = {"format": {"type": "json_schema", "name": "essay", "strict": True,
+    "schema": {"type": "object", "properties": {"essay": {"type": "string", "minLength": 600, "maxLength": 700}}, "required": ["essay"], "additionalProperties": False}}}
 
 
 @pytest.fixture(scope="module")

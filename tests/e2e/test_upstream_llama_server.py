@@ -58,7 +58,8 @@ def engine(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llama-server")
     # One thread: ggml's threads spin while they wait for each other, and on a loaded 2-core
     # machine two of them made each token take seconds (0.4 tokens/s against ~20 with one).
-    argv = [str(binary), "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(port), "--parallel", "2", "--ctx-size", str(2 * SLOT_CONTEXT), "--threads", "1", "--threads-batch", "1", "--no-webui"]
+    argv = [str(binary), "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(port), "--parallel", "2", "--ctx-size", str(2 * SLOT_CONTEXT), "--threads", "1", "--threads-batch",
+        "1", "--no-webui"]
     proc = Proc(argv, process_env({}), tmp / "llama-server.log").start()
     url = f"http://127.0.0.1:{port}"
     if not wait_until(lambda: _health(url) == 200, 120):
@@ -120,14 +121,16 @@ def test_tool_call_round_trip(client):
     first = client.responses.create(model=MODEL, input="What's the weather in Paris?", tools=[WEATHER], tool_choice="required", max_output_tokens=80)
     call = next(o for o in first.output if o.type == "function_call")
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)  # constrained by llama-server
-    follow = client.responses.create(model=MODEL, previous_response_id=first.id, input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 21, "sky": "clear"}'}], tools=[WEATHER], max_output_tokens=48)
+    follow = client.responses.create(model=MODEL, previous_response_id=first.id, input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 21, "sky": "clear"}'}],
+        tools=[WEATHER], max_output_tokens=48)
     assert follow.status in ("completed", "incomplete")
     assert any(o.type in ("message", "function_call") for o in follow.output)
 
 
 def test_json_schema_output(client):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": False}
-    resp = client.responses.create(model=MODEL, input="Invent a person.", text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}}, max_output_tokens=80, temperature=0)
+    resp = client.responses.create(model=MODEL, input="Invent a person.", text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}}, max_output_tokens=80,
+        temperature=0)
     person = json.loads(resp.output_text)
     assert set(person) == {"name", "age"} and isinstance(person["age"], int)
 

@@ -83,7 +83,7 @@ def test_a_bad_seed_fails_alone_among_concurrent_streams(server):
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, bodies))
-    for body, (status, error, names) in zip(bodies, results):
+    for body, (status, error, names) in zip(bodies, results, strict=False):
         if body["seed"] == -1:
             if status == 200:  # refused in-stream by the worker
                 assert names[-1] == "event: response.failed"

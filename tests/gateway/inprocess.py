@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from kiln.gateway.http.app import create_app
-from kiln.gateway.settings import Settings
 from kiln.gateway.pool.workers import WorkerHandle, WorkerPool
+from kiln.gateway.settings import Settings
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Generate, Register, TokenCount, decode, encode
 
 MODEL = "kiln-fake"

@@ -10,18 +10,18 @@ import json
 import anthropic
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
-from kiln.gateway.http.app import create_app
+from pydantic import TypeAdapter
+
 from kiln.gateway.doors.anthropic.translate import (
     MessageTranslator,
     to_responses_body,
 )
 from kiln.gateway.doors.stop import StopCutter
+from kiln.gateway.doors.validation import validate_create
+from kiln.gateway.http.app import create_app
 from kiln.gateway.http.errors import ApiError
 from kiln.gateway.settings import Settings
-from kiln.gateway.doors.validation import validate_create
 from kiln.protocol import Done, Event, Generate, decode, encode
-from pydantic import TypeAdapter
-
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for, local_app
 
 EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -94,8 +94,9 @@ MID_CONVERSATION_SYSTEM = {
 
 
 def test_a_mid_conversation_system_message_is_a_system_turn_at_its_place():
+    from kiln.protocol.request import ContentPart
+    from kiln.protocol.request import Message as InputMessage
     from kiln.worker.prompt import to_messages
-    from kiln.protocol.request import ContentPart, Message as InputMessage
 
     body = _translate(MID_CONVERSATION_SYSTEM)
     assert [(i["type"], i["role"]) for i in body["input"]] == [("message", "user"), ("message", "system")]
@@ -339,4 +340,5 @@ async def test_the_sdk_raises_its_own_exception_classes():
             await bounded(sdk.messages.create(model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]))
         assert err.value.body["error"]["type"] == "not_found_error"
         with pytest.raises(anthropic.BadRequestError):
-            await bounded(sdk.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))
+            await bounded(sdk.messages.create(model=MODEL, max_tokens=4,
+                messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))

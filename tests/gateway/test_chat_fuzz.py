@@ -29,7 +29,8 @@ _CHAT: dict[str, st.SearchStrategy[str]] = {
         st.builds(lambda fn: '[{"type": "function", "function": %s}]' % fn, _raw_value),
         st.builds(lambda strict: '[{"type": "function", "function": {"name": "f", "strict": %s}}]' % strict, _raw_value),
     ),
-    "tool_choice": st.one_of(_dumps(st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}}])), _raw_value),
+    "tool_choice": st.one_of(_dumps(st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}},
+        {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}}])), _raw_value),
     "response_format": st.one_of(
         st.builds(lambda schema: '{"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}' % schema, _raw_value),
         st.builds(lambda spec: '{"type": "json_schema", "json_schema": %s}' % spec, _raw_value),

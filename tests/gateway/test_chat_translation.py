@@ -4,16 +4,17 @@ Responses validator must accept), Responses events -> chat chunks, stop-sequence
 from __future__ import annotations
 
 import pytest
+
 from kiln.gateway.doors.anthropic.translate import MessageTranslator
 from kiln.gateway.doors.chat.framer import ChatTranslator, chat_usage
 from kiln.gateway.doors.chat.request import translate_chat
 from kiln.gateway.doors.stop import StopCutter
-from kiln.gateway.http.errors import ApiError
 from kiln.gateway.doors.validation import validate_create
-
+from kiln.gateway.http.errors import ApiError
 from tests.conformance import assert_component
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL = {"type": "function",
+    "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
 def test_roles_tools_and_results_become_items():
@@ -46,7 +47,8 @@ def test_roles_tools_and_results_become_items():
 def test_format_logprobs_and_limits():
     chat = translate_chat({
         "model": "m", "messages": [{"role": "user", "content": "x"}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}, "strict": True}},
+        "response_format": {"type": "json_schema",
+            "json_schema": {"name": "p", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}, "strict": True}},
         "max_tokens": 5, "max_completion_tokens": 7, "logprobs": True, "top_logprobs": 2, "stop": ["\n", "END"],
         "stream": True, "stream_options": {"include_usage": True},
     })
@@ -55,7 +57,8 @@ def test_format_logprobs_and_limits():
     assert body["max_output_tokens"] == 7
     assert body["include"] == ["message.output_text.logprobs"] and body["top_logprobs"] == 2
     assert chat.stop == ["\n", "END"] and chat.stream and chat.include_usage and chat.logprobs
-    assert validate_create(translate_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}).body)["text"] == {"format": {"type": "json_object"}}
+    assert validate_create(translate_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_object"}}).body)["text"] == {"format": {"type": "json_object"}}
 
 
 @pytest.mark.parametrize("extra, param", [

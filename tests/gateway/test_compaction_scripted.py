@@ -127,7 +127,8 @@ def test_split_never_separates_call_from_output(client):
 
 @pytest.mark.parametrize(
     "extra, param",
-    [({"stream": True}, "stream"), ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"conversation": "c"}, "conversation"), ({"keep_tokens": 0}, "keep_tokens"), ({"max_output_tokens": 20000}, "max_output_tokens")],
+    [({"stream": True}, "stream"), ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"conversation": "c"}, "conversation"), ({"keep_tokens": 0}, "keep_tokens"),
+        ({"max_output_tokens": 20000}, "max_output_tokens")],
 )
 def test_compact_refusals(client, extra, param):
     r = client.post("/v1/responses/compact", json={"model": MODEL, "input": history(3), **extra})
@@ -182,7 +183,8 @@ def test_auto_compaction_stream_events(client):
 def test_below_threshold_does_not_compact_and_chain_replays(client):
     first = client.post("/v1/responses", json={"model": MODEL, "input": history(6), "max_output_tokens": 4, "context_management": [{"type": "compaction", "compact_threshold": 500}]}).json()
     assert first["output"][0]["type"] == "compaction"
-    second = client.post("/v1/responses", json={"model": MODEL, "input": "and then?", "previous_response_id": first["id"], "max_output_tokens": 4, "context_management": [{"type": "compaction", "compact_threshold": 100000}]}).json()
+    second = client.post("/v1/responses",
+        json={"model": MODEL, "input": "and then?", "previous_response_id": first["id"], "max_output_tokens": 4, "context_management": [{"type": "compaction", "compact_threshold": 100000}]}).json()
     assert second["output"][0]["type"] == "message"
     chained = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": "and then?", "previous_response_id": first["id"]}).json()["input_tokens"]
     full = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": history(6)}).json()["input_tokens"]

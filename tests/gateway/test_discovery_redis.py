@@ -11,7 +11,6 @@ import pytest
 from kiln.gateway.pool.advertise import Advertiser
 from kiln.protocol.discovery import live_addresses
 from kiln.worker.discovery import RedisDiscovery
-
 from tests.redis_support import REDIS_URL, new_namespace, shared_redis_url
 
 

@@ -308,7 +308,8 @@ def test_an_answer_before_the_body_is_read_closes_the_connection():
     assert "connection" not in bodiless
 
     async def one_chunk_then_end(app, headers):
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"", "root_path": "", "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080)}
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"",
+            "root_path": "", "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080)}
         sent: list[dict] = []
 
         async def receive() -> dict:

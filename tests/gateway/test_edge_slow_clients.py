@@ -40,7 +40,7 @@ def gateway(tmp_path_factory):
         except httpx.HTTPError:
             if time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError(f"gateway did not answer:\n{proc.log()}")
+                raise RuntimeError(f"gateway did not answer:\n{proc.log()}") from None
             time.sleep(0.2)
     yield proc, port
     proc.kill()

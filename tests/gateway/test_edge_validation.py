@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kiln.gateway.doors.schema_check import MAX_SCHEMA_DEPTH, check_json_schema
 from kiln.gateway.http.body import MAX_DEPTH, depth_within, parse_json_bytes
 from kiln.gateway.http.errors import ApiError
-from kiln.gateway.doors.schema_check import MAX_SCHEMA_DEPTH, check_json_schema
 from tests.conformance import assert_error
 from tests.gateway.inprocess import CONTEXT_WINDOW, MODEL, bounded, client_for, hosted_app, local_app
 

@@ -69,7 +69,8 @@ _VALID_ISH: dict[str, st.SearchStrategy[str]] = {
     "model": _dumps(st.sampled_from([MODEL, "no-such-model", ""])),
     "input": st.one_of(
         _dumps(st.text(max_size=30)),
-        st.builds(lambda role, content: json.dumps([{"type": "message", "role": role, "content": json.loads(content)}]), st.sampled_from(["user", "assistant", "system", "robot"]), _raw_value.filter(lambda v: len(v) < 2000)),
+        st.builds(lambda role, content: json.dumps([{"type": "message", "role": role, "content": json.loads(content)}]), st.sampled_from(["user", "assistant", "system", "robot"]),
+            _raw_value.filter(lambda v: len(v) < 2000)),
         st.builds(lambda part: '[{"role": "user", "content": [%s]}]' % part, _raw_value),
         st.builds(lambda text: '[{"role": "user", "content": [{"type": "input_text", "text": %s}]}]' % text, _raw_value),
         _dumps(st.just([{"type": "function_call_output", "call_id": "c", "output": "x"}])),

@@ -21,8 +21,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.gateway.http.app import create_app
-from kiln.gateway.settings import Settings
 from kiln.gateway.pool.workers import WorkerHandle
+from kiln.gateway.settings import Settings
 from kiln.protocol import CountTokens, Generate
 from kiln.protocol.request import GenerateRequest
 from tests.gateway.inprocess import MODEL

@@ -17,7 +17,6 @@ from tests.conformance import assert_model_list
 from tests.support import free_port, wait_until, worker_pids
 from tests.worker.tiny_gguf import TOOLS_TEMPLATE
 
-
 # Qwen3's way of carrying reasoning in history (<think> around reasoning_content): a template
 # that knows a thinking block, so the worker reports the reasoning capability for this model.
 THINKING_TEMPLATE = TOOLS_TEMPLATE.replace(

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from kiln.gateway.http.app import create_app
 from kiln.gateway.http.errors import ApiError
 from kiln.gateway.pool.ondemand import ModelLoader
 from kiln.gateway.settings import Settings
-from kiln.gateway.http.app import create_app
 from kiln.protocol import Register
 from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.control import ControlMessage, ModelExited, ModelStopped, StartModel, StopModel
@@ -231,7 +231,8 @@ async def test_a_gateway_without_a_supervisor_lists_but_does_not_start(config_pa
         assert_model_list(listed)
         by_id = {m["id"]: m for m in listed["data"]}
         assert set(by_id) == {"kiln-fake", "a", "b", "c"}
-        assert by_id["b"] == {"id": "b", "object": "model", "created": by_id["b"]["created"], "owned_by": "kiln", "aliases": ["bee"], "load": "on-demand", "loaded": False, "status": "not_loaded", "idle_stop_s": 30.0}
+        assert by_id["b"] == {"id": "b", "object": "model", "created": by_id["b"]["created"], "owned_by": "kiln", "aliases": ["bee"], "load": "on-demand", "loaded": False, "status": "not_loaded",
+            "idle_stop_s": 30.0}
         assert by_id["kiln-fake"]["loaded"] is True and by_id["kiln-fake"]["load"] == "always"
         one = await client.get("/v1/models/bee")  # a listed model is described, not 503
         assert one.status_code == 200 and one.json()["id"] == "b"
@@ -253,7 +254,8 @@ async def test_requests_load_the_model_and_the_listing_shows_its_capabilities(co
             b = (await client.get("/v1/models/b")).json()
             assert_model(b)
             assert (b["loaded"], b["status"], b["context_window"], b["max_output_tokens"]) == (True, "loaded", 1024, 1024)
-            assert b["capabilities"] == {"tools": True, "tool_parser": "hermes", "tools_in_template": False, "reasoning": True, "reasoning_parser": "think", "structured_output": True, "default_max_output_tokens": 256}
+            assert b["capabilities"] == {"tools": True, "tool_parser": "hermes", "tools_in_template": False, "reasoning": True, "reasoning_parser": "think", "structured_output": True,
+                "default_max_output_tokens": 256}
             # Chat Completions and token counting go through the same admission.
             chat = await bounded(client.post("/v1/chat/completions", json={"model": "a", "messages": [{"role": "user", "content": "hi"}]}))
             assert chat.status_code == 200, chat.text

@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from kiln.protocol.logs import JsonFormatter, MAX_TRACEBACK_CHARS
+from kiln.protocol.logs import MAX_TRACEBACK_CHARS, JsonFormatter
 from tests.support import Proc, free_port
 
 LAUNCHER = '''
@@ -74,7 +74,7 @@ def _lines(proc: Proc) -> list[dict]:
         try:
             parsed.append(json.loads(line))
         except ValueError:
-            raise AssertionError(f"not a JSON log line: {line[:300]!r}")
+            raise AssertionError(f"not a JSON log line: {line[:300]!r}") from None
     return parsed
 
 

@@ -32,7 +32,7 @@ def test_new_database_and_its_wal_files_are_0600(tmp_path):
     finally:
         os.umask(old)
     assert "kiln.db" in names and "kiln.db-wal" in names, names
-    assert modes == [0o600] * len(names), dict(zip(names, map(oct, modes)))
+    assert modes == [0o600] * len(names), dict(zip(names, map(oct, modes), strict=False))
 
 
 def test_existing_world_readable_database_is_tightened(tmp_path):

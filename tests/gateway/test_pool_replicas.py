@@ -15,9 +15,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kiln.gateway.pool import rendezvous
 from kiln.gateway.lifecycle.generation import Generation, GenerationFailed
 from kiln.gateway.lifecycle.response_object import ResponseObject
+from kiln.gateway.pool import rendezvous
 from kiln.gateway.pool.workers import WorkerHandle, WorkerPool
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
 from kiln.protocol.request import GenerateRequest

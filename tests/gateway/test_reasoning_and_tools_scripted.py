@@ -78,7 +78,8 @@ def test_reasoning_echo_restores_dropped_reasoning(thinking):
 
 
 def test_tool_call_items_with_namespace(calling):
-    tools = [{"type": "namespace", "name": "multi_agent_v1", "description": "agents", "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {"task": {"type": "string"}, "depth": {"type": "integer"}}}}]}]
+    tools = [{"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+        "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {"task": {"type": "string"}, "depth": {"type": "integer"}}}}]}]
     with httpx.Client(base_url=calling.base_url, timeout=30) as c:
         names, events = stream(c, {"model": MODEL, "input": "go", "tools": tools})
         plain = c.post("/v1/responses", json={"model": MODEL, "input": "go", "tools": tools}).json()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.gateway.http.errors import ApiError
 from kiln.gateway.doors.schema_check import MAX_SCHEMA_BYTES, check_json_schema, check_text_format
+from kiln.gateway.http.errors import ApiError
 
 SCHEMA_FILES = sorted((Path(__file__).resolve().parents[1] / "data" / "schemas").glob("*.json"))
 

@@ -10,9 +10,9 @@ import stat
 
 import pytest
 
-from kiln.gateway.lifecycle.compaction import compaction_item, read_compaction
 from kiln.gateway.http.errors import ApiError
-from kiln.gateway.lifecycle.sealing import SealError, Sealer
+from kiln.gateway.lifecycle.compaction import compaction_item, read_compaction
+from kiln.gateway.lifecycle.sealing import Sealer, SealError
 from kiln.state import KEY_FILE, StateError, default_data_dir, sealing_key
 
 

@@ -28,8 +28,8 @@ def _serve(tmp_path: Path, name: str) -> tuple[subprocess.Popen, str]:
 def test_two_servers_with_different_ports_both_serve(tmp_path):
     servers = [_serve(tmp_path, "a"), _serve(tmp_path, "b")]
     try:
-        for proc, base in servers:
-            assert wait_until(lambda: len(_workers(base)) == 1), (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
+        for _, base in servers:
+            assert wait_until(lambda base=base: len(_workers(base)) == 1), (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
         for _, base in servers:
             r = httpx.post(base + "/v1/responses", json={"model": "kiln-scripted", "input": "hi", "max_output_tokens": 4}, timeout=30)
             assert r.status_code == 200, r.text

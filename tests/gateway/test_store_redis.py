@@ -62,7 +62,8 @@ class TalkingPool(FakePool):
             self.held.add(message.req_id)
             return
         text = f"seen {len(users)}: {last}"
-        item = {"type": "message", "id": f"msg_{message.req_id[-12:]}", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+        item = {"type": "message", "id": f"msg_{message.req_id[-12:]}", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
         events = [
             {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress", "content": []}},
             {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "item_id": item["id"], "delta": text},
@@ -330,7 +331,7 @@ async def test_limits_hold_across_replicas(shared):
             assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
             assert_error(r.json())
         assert (await b.get("/health")).json()["stores"]["background"]["active"] == 2
-        for job, owner in zip(jobs, (b, a)):
+        for job, owner in zip(jobs, (b, a), strict=False):
             assert (await bounded(owner.client.post(f"/v1/responses/{job['id']}/cancel"))).json()["status"] == "cancelled"
         # Three entries for the deployment: LRU over both replicas' writes (jobs' finals included).
         first = await a.create(input="one")

@@ -17,7 +17,8 @@ import pytest
 
 from kiln.gateway.store.events import EventBuffer, TooOld
 from tests.conformance import assert_error, assert_stream
-from tests.gateway.inprocess import MODEL as INPROC_MODEL, bounded, client_for, local_app
+from tests.gateway.inprocess import MODEL as INPROC_MODEL
+from tests.gateway.inprocess import bounded, client_for, local_app
 from tests.support import Kiln
 
 MODEL = "kiln-scripted"

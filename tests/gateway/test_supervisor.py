@@ -134,7 +134,7 @@ def test_serve_fails_at_start_when_the_model_cannot_load(tmp_path):
         code = proc.wait(120)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError("kiln serve kept restarting a worker whose model cannot load:\n" + (tmp_path / "serve.log").read_text()[-3000:])
+        raise AssertionError("kiln serve kept restarting a worker whose model cannot load:\n" + (tmp_path / "serve.log").read_text()[-3000:]) from None
     log_text = (tmp_path / "serve.log").read_text()
     assert code != 0, log_text
     entries = [json.loads(line) for line in log_text.splitlines() if line.strip()]
@@ -161,7 +161,7 @@ def test_serve_fails_at_start_when_the_gateway_cannot_bind(tmp_path):
             code = proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError("kiln serve did not give up on a gateway that cannot bind")
+            raise AssertionError("kiln serve did not give up on a gateway that cannot bind") from None
     entries = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.strip()]
     assert code != 0
     assert any(e["msg"] == "gateway exited during start; stopping" for e in entries), entries

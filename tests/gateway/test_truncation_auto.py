@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from kiln.gateway.lifecycle import truncation
-from kiln.gateway.http.errors import ApiError
 from kiln.gateway.doors.validation import validate_create
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.lifecycle import truncation
 from tests.conformance import assert_error, assert_response
 from tests.support import Kiln
 
@@ -51,7 +51,8 @@ def test_fit_drops_the_oldest_whole_turns_only():
 
 
 def test_fit_never_separates_a_call_from_its_output():
-    items = [msg("user", "x" * 500), {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c", "output": "o" * 400}, msg("assistant", "done"), msg("user", "latest")]
+    items = [msg("user", "x" * 500), {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c", "output": "o" * 400},
+        msg("assistant", "done"), msg("user", "latest")]
     out = asyncio.run(truncation.fit(items, _chars, 600))
     assert out in (items[3:], items[4:]) and out[-1] == msg("user", "latest")
 

@@ -16,9 +16,9 @@ import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
+from kiln.gateway.doors.websocket.connection_state import ConnectionState
 from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
-from kiln.gateway.doors.websocket.connection_state import ConnectionState
 from kiln.protocol import Generate
 from tests.conformance.websocket import assert_ws_error, assert_ws_turn
 from tests.gateway.inprocess import MODEL, FakePool, hosted_app, local_app

@@ -67,9 +67,8 @@ def console_errors(driver) -> list[str]:
 
 def wait_for(driver, condition: Callable, timeout: float = 120, message: str = ""):
     """Wait, bounded, for ``condition(driver)`` to be truthy; its value."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
     from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
 
     # A table the page re-renders replaces the element found a moment ago: look again.
     return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)).until(condition, message)

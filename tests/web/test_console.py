@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import too_wide, PHONE, all_by_testid, by_testid, console_errors, screenshot, wait_for
+from .browser import PHONE, all_by_testid, by_testid, console_errors, screenshot, too_wide, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +85,8 @@ def test_an_org_and_a_key_made_in_the_console_work_until_revoked(console, server
 
     # The chart shows those three requests, under the organization's name.
     by_testid(console, "usage-refresh").click()
-    legend = wait_for(console, lambda d: [s for s in all_by_testid(d, "usage-legend")[0].find_elements("css selector", f"[data-series='{org}']") if s.get_attribute("data-requests") == "3"], 30, "the chart does not show the requests")
+    legend = wait_for(console, lambda d: [s for s in all_by_testid(d, "usage-legend")[0].find_elements("css selector", f"[data-series='{org}']") if s.get_attribute("data-requests") == "3"], 30,
+        "the chart does not show the requests")
     assert legend[0].text.startswith(f"{org}: 3")
     chart = by_testid(console, "usage-chart").find_element("css selector", "svg")
     assert int(chart.get_attribute("data-requests")) >= 3

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import Kiln
 
-from .browser import too_wide, all_by_testid, by_testid, console_errors, screenshot, wait_for, PHONE
+from .browser import PHONE, all_by_testid, by_testid, console_errors, screenshot, too_wide, wait_for
 
 pytestmark = pytest.mark.e2e
 USAGE = re.compile(r"\d+ in( \(\d+ cached\))? / \d+ out")

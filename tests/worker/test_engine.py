@@ -100,7 +100,7 @@ def test_qwen_models_decode_natively_like_mlx_lm(version):
     try:
         prompts = [prompt_for(i, 7 + 5 * i) for i in range(3)]
         runs = [Run(p, temperature=0, max_tokens=12).submit(s) for p in prompts]
-        for p, r in zip(prompts, runs):
+        for p, r in zip(prompts, runs, strict=False):
             assert r.wait().tokens == reference(m, p, 12)
         assert s._batch.native is not None
     finally:
@@ -151,11 +151,11 @@ class Run:
         if step.finish_reason is not None:
             self.done.set()
 
-    def submit(self, s: Scheduler) -> "Run":
+    def submit(self, s: Scheduler) -> Run:
         self.handle = s.submit(self.req)
         return self
 
-    def wait(self, timeout: float = 60) -> "Run":
+    def wait(self, timeout: float = 60) -> Run:
         assert self.done.wait(timeout), "request did not finish"
         return self
 
@@ -242,7 +242,7 @@ def test_batch_shrinking_past_the_native_row_limit(model, make_scheduler):
     s = make_scheduler(cache_bytes=0, max_batch=12)
     runs = [Run(p, temperature=0, max_tokens=4 + 3 * i).submit(s) for i, p in enumerate(prompts)]
     s.start()
-    for i, (p, r) in enumerate(zip(prompts, runs)):
+    for i, (p, r) in enumerate(zip(prompts, runs, strict=False)):
         assert r.wait().tokens == reference(model, p, 4 + 3 * i)
         assert [st.finish_reason for st in r.steps] == [None] * (3 + 3 * i) + ["length"]
 
@@ -258,7 +258,7 @@ def test_requests_join_and_leave_a_running_batch(model, make_scheduler):
     long.wait()
     assert len(long.steps) == 60  # still running while the others came and went
     assert long.tokens == reference(model, prompt_for(1, 30), 60)
-    for i, r in zip(range(2, 8), short):
+    for i, r in zip(range(2, 8), short, strict=False):
         assert r.tokens == reference(model, prompt_for(i, 4 + i), 3 + 2 * i)
 
 
@@ -353,7 +353,7 @@ def test_short_prompts_prefill_together_with_mixed_cache_hits(model, make_schedu
     with s._cv:  # queue all four within one turn so they share one prefill pass
         for r in runs:
             r.handle = s.submit(r.req)
-    for p, r in zip(prompts, runs):
+    for p, r in zip(prompts, runs, strict=False):
         assert r.wait().tokens == reference(model, p, 10)
     assert [r.cached_at_first_step for r in runs][0] >= 40
     assert runs[2].cached_at_first_step == len(system) + 6 + kept_output(s, first.tokens)

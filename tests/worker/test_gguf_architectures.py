@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from kiln.worker.loading.loader import load_model
 from kiln.worker.loading.gguf import UnsupportedModelError
+from kiln.worker.loading.loader import load_model
 
 from .tiny_gguf import CONFIGS, greedy, write_pair
 
@@ -117,10 +117,10 @@ def test_unknown_tokenizer_model_is_refused_by_name(tmp_path, tokenizer_md):
 def test_q4_k_model_decodes_through_the_native_cpu_kernel(tmp_path, tokenizer_md):
     """Every matrix Q4_K (256 wide): the CPU worker keeps the file's blocks for its native
     decode step, which checks itself against mlx, and generates the folder's tokens."""
+    from gguf import GGMLQuantizationType as Q
+
     from kiln.worker.engine.native_decode import NativeDecoder
     from kiln.worker.loading.device import keeps_gguf_blocks, on_cpu
-
-    from gguf import GGMLQuantizationType as Q
 
     cfg = dict(CONFIGS["llama"], hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     gguf_file, folder = write_pair("llama", "K", tokenizer_md, tmp_path, config=cfg, k_types=(Q.Q4_K,))

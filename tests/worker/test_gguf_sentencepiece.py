@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.worker.loading.loader import load_model
 from kiln.worker.loading.gguf_vocab import UnsupportedTokenizerError, build_hf_tokenizer
+from kiln.worker.loading.loader import load_model
 
 from .tiny_gguf import greedy, write_pair
 from .tiny_spm import STYLES, gguf_metadata, reference_ids, train, varied_texts

@@ -52,8 +52,8 @@ def test_without_kernels_the_worker_keeps_float32(monkeypatch, tmp_path, setting
     become plain float32 layers (the worker's float32 path) instead of failing."""
     import mlx.nn as nn
 
-    from kiln.worker.native import build as native
     from kiln.worker.loading.device import dequantize_modules
+    from kiln.worker.native import build as native
 
     monkeypatch.setenv("KILN_NATIVE_CACHE", str(tmp_path))
     if setting == "off":
@@ -245,7 +245,7 @@ def greedy_tokens(model, decoder, prompts: list[list[int]], n: int) -> list[list
     for _ in range(n):
         logits = np.array(model(step, cache=cache)[:, -1]) if decoder is None else decoder(step, cache)
         picks = logits.argmax(-1)
-        for row, t in zip(out, picks):
+        for row, t in zip(out, picks, strict=False):
             row.append(int(t))
         step = mx.array(picks[:, None])
     return out

@@ -18,7 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as Q
 
 from kiln.worker.native import build as native
 
@@ -296,7 +297,7 @@ def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, 
     try:
         prompts = [[(7 * j + 1) % vocab for j in range(9)], [(13 * j + 5) % vocab for j in range(300)]]
         runs = [Run(p, temperature=0, max_tokens=6).submit(s) for p in prompts]
-        for p, r in zip(prompts, runs):
+        for p, r in zip(prompts, runs, strict=False):
             assert len(r.wait(timeout=300).tokens) == 6
             assert r.tokens[0] == reference(model, p, 1)[0]
         assert s._batch.native is not None and "Q4_K" in s._batch.native.blocks

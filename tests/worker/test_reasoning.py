@@ -22,7 +22,7 @@ def run(chunks: list[str], **kwargs: object) -> tuple[str, str, list[tuple[str, 
 
 def split(text: str, cuts: list[int]) -> list[str]:
     points = sorted({c for c in cuts if 0 < c < len(text)})
-    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=False)]
 
 
 # (text, start_in_reasoning, expected reasoning, expected content)

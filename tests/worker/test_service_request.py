@@ -77,7 +77,8 @@ def prompt_of(scheduler: Recording, index: int = 0) -> str:
 def test_the_request_reaches_prompt_sampler_and_cache(engine):
     scheduler = engine()
     svc, inbox = service(scheduler), Inbox()
-    request = GenerateRequest("m", input=(user("Read a.txt"),), instructions="Be brief.", tools=(READ,), sampling=Sampling(temperature=0.7, top_p=0.8, seed=11, top_logprobs=2, logprobs=True), cache_key="agent")
+    request = GenerateRequest("m", input=(user("Read a.txt"),), instructions="Be brief.", tools=(READ,), sampling=Sampling(temperature=0.7, top_p=0.8, seed=11, top_logprobs=2, logprobs=True),
+        cache_key="agent")
     svc.generate(Generate("r", "resp_r", request), inbox)
     assert isinstance(inbox.final("r"), Done)
     engine_request = scheduler.submitted[0]

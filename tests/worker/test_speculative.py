@@ -83,7 +83,7 @@ def test_dropping_different_counts_per_row_keeps_each_rows_kv(in_place):
     lengths = [5, 3, 6]
     rows = [np.random.default_rng(i).standard_normal((1, 2, n + 4, 8)).astype(np.float32) for i, n in enumerate(lengths)]
     plain = []
-    for r, n in zip(rows, lengths):
+    for r, n in zip(rows, lengths, strict=False):
         c = KVCache()
         c.update_and_fetch(mx.array(r[:, :, :n]), mx.array(r[:, :, :n] * 2))
         plain.append(c)
@@ -94,9 +94,9 @@ def test_dropping_different_counts_per_row_keeps_each_rows_kv(in_place):
     if in_place:  # as the native pass leaves them: evaluated, contiguous, writable
         cache.keys, cache.values = mx.array(np.array(cache.keys)), mx.array(np.array(cache.values))
     drop_positions([cache], [3, 0, 2], in_place=in_place)
-    kept = [n + 4 - d for n, d in zip(lengths, [3, 0, 2])]
+    kept = [n + 4 - d for n, d in zip(lengths, [3, 0, 2], strict=False)]
     assert np.asarray(cache.offset).tolist() == kept
-    for i, (r, n) in enumerate(zip(rows, kept)):
+    for i, (r, n) in enumerate(zip(rows, kept, strict=False)):
         row = cache.extract(i)
         np.testing.assert_array_equal(np.array(row.keys), r[:, :, :n])
         np.testing.assert_array_equal(np.array(row.values), r[:, :, :n] * 2)
@@ -154,8 +154,8 @@ def test_greedy_batch_with_rows_of_different_acceptance_equals_plain(model, monk
     run_all(model, OFF, plain)
     # Row 0 is drafted perfectly, row 1 never right, the others go wrong part way; row 4 has a
     # logprobs request riding along.
-    spoil = {tuple(p): cut for p, cut in zip(prompts, [99, 0, 5, 11, 2])}
-    Oracle({tuple(p): r.tokens for p, r in zip(prompts, plain)}, spoil).install(monkeypatch)
+    spoil = {tuple(p): cut for p, cut in zip(prompts, [99, 0, 5, 11, 2], strict=False)}
+    Oracle({tuple(p): r.tokens for p, r in zip(prompts, plain, strict=False)}, spoil).install(monkeypatch)
     drafted = [Run(p, temperature=0, max_tokens=20) for p in prompts]
     s = run_all(model, ON, drafted)
     assert [r.tokens for r in drafted] == [r.tokens for r in plain]
@@ -173,7 +173,7 @@ def test_logprobs_per_delivered_token_as_without_drafts(model, monkeypatch):
     drafted = Run(prompt, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
     run_all(model, ON, [drafted])
     assert drafted.tokens == plain.tokens
-    for a, b in zip(drafted.steps, plain.steps):
+    for a, b in zip(drafted.steps, plain.steps, strict=False):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
         assert [t for t, _ in a.top_logprobs] == [t for t, _ in b.top_logprobs]
 
@@ -239,15 +239,15 @@ def test_grammar_and_penalty_rows_beside_drafting_rows(model, monkeypatch):
 
     prompts = [prompt_for(6, 8), prompt_for(7, 10), prompt_for(8, 9)]
     kinds = [dict(processors=[ban_odd]), dict(frequency_penalty=1.5, presence_penalty=0.5), {}]
-    make = lambda: [Run(p, temperature=0, max_tokens=14, **k) for p, k in zip(prompts, kinds)]  # noqa: E731
+    make = lambda: [Run(p, temperature=0, max_tokens=14, **k) for p, k in zip(prompts, kinds, strict=False)]  # noqa: E731
     plain = make()
     run_all(model, OFF, plain)
-    Oracle({tuple(p): r.tokens for p, r in zip(prompts, plain)}, {tuple(p): 99 for p in prompts}).install(monkeypatch)
+    Oracle({tuple(p): r.tokens for p, r in zip(prompts, plain, strict=False)}, {tuple(p): 99 for p in prompts}).install(monkeypatch)
     seen: list[bool] = []
     verify = DecodeBatch._verify
 
     def watch(self, drafts):
-        seen.extend(bool(d) for d, r in zip(drafts, self.rows) if r.context is not None)
+        seen.extend(bool(d) for d, r in zip(drafts, self.rows, strict=False) if r.context is not None)
         return verify(self, drafts)
 
     monkeypatch.setattr(DecodeBatch, "_verify", watch)

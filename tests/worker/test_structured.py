@@ -100,8 +100,8 @@ def token_lengths(compiler) -> np.ndarray:
 @pytest.fixture(scope="module")
 def model():
     """The bundled model, in the weight format that decodes fastest in this process."""
-    from kiln.worker.loading.loader import load_model
     from kiln.worker.loading.blas import preloaded_openblas
+    from kiln.worker.loading.loader import load_model
 
     _gguf_path()
     # Dequantized float32 pays off only with OpenBLAS preloaded; on the reference BLAS 4-bit wins.
@@ -266,7 +266,7 @@ def test_two_schemas_side_by_side(compiler, tokenizer):
     a = compiler.processor_for({"type": "json_schema", "name": "a", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}})
     b = compiler.processor_for({"type": "json_schema", "name": "b", "schema": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}})
     ctx_a, ctx_b = [9], [9, 9]
-    for tok_a, tok_b in zip(tokenizer.encode('{"n": 42}'), tokenizer.encode("[true]")):
+    for tok_a, tok_b in zip(tokenizer.encode('{"n": 42}'), tokenizer.encode("[true]"), strict=False):
         for proc, ctx, tok in ((a, ctx_a, tok_a), (b, ctx_b, tok_b)):
             logits = proc(mx.array(ctx), mx.zeros((1, compiler.vocab_size)))
             assert np.isfinite(np.array(logits)[0, tok]), tokenizer.decode([tok])

@@ -8,17 +8,18 @@ when it is fed whole, and agree with the authoritative ``finish()``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.worker.output.tool_calls.base import (
-    CutCall,
     ArgumentsDelta,
     CallStarted,
+    CutCall,
     FinalParse,
     TextDelta,
     ToolCallParser,
@@ -92,7 +93,7 @@ def feed_chunks(parser: ToolCallParser, chunks: list[str]) -> Run:
 
 def split(text: str, cuts: list[int]) -> list[str]:
     points = sorted({c for c in cuts if 0 < c < len(text)})
-    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=False)]
 
 
 Expected = tuple[str, list[tuple[str, dict[str, Any]]]]
@@ -222,7 +223,7 @@ def check_consistent(run: Run, streams: bool) -> None:
         # Only a call cut off at the very end may have started without a final parse.
         assert [c.name for c in final.calls] == run.names[: len(final.calls)]
         assert len(run.names) - len(final.calls) in (0, 1)
-        for streamed, call in zip(run.arguments, final.calls):
+        for streamed, call in zip(run.arguments, final.calls, strict=False):
             assert call.arguments.startswith(streamed)
     else:
         assert run.names == [] and run.arguments == []

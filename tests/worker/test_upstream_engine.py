@@ -80,7 +80,8 @@ def test_each_engine_streams_the_reply_with_its_usage(upstream, tokenizer, kind,
     assert done.usage["input_tokens"] == len(prompt) and done.usage["output_tokens"] == len(tokenizer.encode(TEXT))
     assert done.usage["input_tokens_details"]["cached_tokens"] == cached  # the engine's own count
     (body,) = fake.bodies
-    sent = {"llama-server": lambda b: (b["prompt"], b["n_predict"], b["return_tokens"]), "vllm": lambda b: (b["prompt"], b["max_tokens"], b["return_token_ids"]), "sglang": lambda b: (b["input_ids"], b["sampling_params"]["max_new_tokens"], b["stream"])}[kind](body)
+    sent = {"llama-server": lambda b: (b["prompt"], b["n_predict"], b["return_tokens"]), "vllm": lambda b: (b["prompt"], b["max_tokens"], b["return_token_ids"]),
+        "sglang": lambda b: (b["input_ids"], b["sampling_params"]["max_new_tokens"], b["stream"])}[kind](body)
     assert sent == (prompt, 50, True)
     assert fake.authorizations == (["Bearer sk-engine"] if kind == "vllm" else [None])
 

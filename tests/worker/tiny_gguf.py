@@ -11,8 +11,9 @@ the package cannot encode, draws random valid blocks), and writes
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

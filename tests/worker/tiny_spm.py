@@ -21,8 +21,9 @@ from __future__ import annotations
 import io
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm

@@ -113,7 +113,7 @@ class DecodeBatch:
             self._logprobs = mx.zeros((n,))
             self._top = None
         else:
-            for mine, theirs in zip(self._cache, cache):
+            for mine, theirs in zip(self._cache, cache, strict=False):
                 mine.extend(theirs)
             self._inputs = mx.concatenate([self._inputs, tokens])
             self._logprobs = _pad_rows(self._logprobs, n)
@@ -229,7 +229,7 @@ class DecodeBatch:
         except Exception:
             pass
         picks = []
-        for i, (row, sampler) in enumerate(zip(self.rows, samplers)):
+        for i, (row, sampler) in enumerate(zip(self.rows, samplers, strict=False)):
             try:
                 picks.append(sampler(logprobs[i : i + 1]))
             except Exception as e:
@@ -247,7 +247,7 @@ class DecodeBatch:
         want = row.req.params.top_logprobs
         alts = None
         if want and top is not None:
-            alts = sorted(zip(top[0][i], top[1][i]), key=lambda t: -t[1])[:want]
+            alts = sorted(zip(top[0][i], top[1][i], strict=False), key=lambda t: -t[1])[:want]
         return Delivery(row, tokens[i], logprobs[i], alts)
 
     # ---- speculation ---------------------------------------------------------------------
@@ -270,7 +270,7 @@ class DecodeBatch:
         pending = self._inputs.tolist()
         undelivered = 0 if self._fed_delivered else 1
         drafts: list[list[int]] = []
-        for row, token in zip(self.rows, pending):
+        for row, token in zip(self.rows, pending, strict=False):
             if row.drafts is None or row.context is not None or row.error is not None:
                 drafts.append([])
                 continue
@@ -305,7 +305,7 @@ class DecodeBatch:
         width = 1 + max(len(d) for d in drafts)
         # Rows with fewer drafts are right-padded (with their own token): positions after a
         # row's real ones never reach its real positions' logits, and leave the cache below.
-        block = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(last, drafts)], dtype=mx.uint32)
+        block = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(last, drafts, strict=False)], dtype=mx.uint32)
         native = self.native is not None and len(rows) * width <= self.native.max_rows
         if native:
             raw = self.native.forward(block, self._cache)

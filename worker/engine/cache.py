@@ -16,7 +16,7 @@ prompts begin with, a token at a time.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from collections.abc import Hashable
 
 from mlx_lm.models.cache import KVCache, PromptTrie
 

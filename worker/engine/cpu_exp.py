@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn

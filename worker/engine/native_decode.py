@@ -31,8 +31,8 @@ import numpy as np
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache
 
-from ..loading.gguf import FactorRoPE
 from ..loading.ggml_blocks import GGMLEmbedding, GGMLLinear, GGMLWeights, ggml_weights
+from ..loading.gguf import FactorRoPE
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
 from ..native.build import CpuKernels
 from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
@@ -230,7 +230,7 @@ class NativeDecoder:
         for layer in layers:
             bias = layer.qkv_bias or (None, None, None)
             norms = [floats(a) for a in (layer.attn_norm, layer.mlp_norm, *(layer.qk_norm or (None, None)))]
-            weights = [_weights(p, b) for p, b in zip((layer.q, layer.k, layer.v), bias)] + [_weights(p) for p in (layer.o, layer.gate, layer.up, layer.down)]
+            weights = [_weights(p, b) for p, b in zip((layer.q, layer.k, layer.v), bias, strict=False)] + [_weights(p) for p in (layer.o, layer.gate, layer.up, layer.down)]
             # ctypes copies the structs' fields into the array; the arrays they point into stay
             # alive through `keep` (the norms, and each QuantizedWeights' own _keep).
             keep.append((norms, weights))
@@ -304,7 +304,7 @@ class NativeDecoder:
                     mx.eval(logits)
                     results[native].append(np.array(logits))
         tolerance = INT8 if self.int8 or self.blocks else FLOAT32
-        return all(tolerance.agree(ours, ref) for ref, ours in zip(*results))
+        return all(tolerance.agree(ours, ref) for ref, ours in zip(*results, strict=False))
 
     # ---- the pass --------------------------------------------------------------------------
 

@@ -27,8 +27,8 @@ attention softmax and SiLU use cpu_exp.py's exp there.
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from .cache import PrefixCache
@@ -119,7 +119,7 @@ def prefill_together(model: nn.Module, group: list[Prefill], native: NativeDecod
     Returns one batch cache per layer holding the group's rows in order (left-padded,
     as the decode batch expects). Each request's own cache is left untouched.
     """
-    caches = [c.merge(list(layer)) for c, layer in zip(group[0].cache, zip(*(p.cache for p in group)))]
+    caches = [c.merge(list(layer)) for c, layer in zip(group[0].cache, zip(*(p.cache for p in group), strict=False), strict=False)]
     chunks = [p.req.prompt[p.pos : len(p.req.prompt) - 1] for p in group]
     lengths = [len(c) for c in chunks]
     width = max(lengths)

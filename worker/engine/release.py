@@ -16,8 +16,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 import mlx.core as mx
 

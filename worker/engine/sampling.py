@@ -8,7 +8,7 @@ depend on which other requests shared the batch.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p

@@ -32,9 +32,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..native.build import claim_team
+from . import cpu_exp
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
-from . import cpu_exp
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeDecoder
 from .native_verdict import CheckSource, build_checked
@@ -261,7 +261,7 @@ class Scheduler:
             for i in sorted(drop):
                 row = self._batch.rows[i]
                 if row.started:
-                    self._remember(row.tokens, lambda: self._batch.extract(i), row.req.cache_scope)
+                    self._remember(row.tokens, lambda i=i: self._batch.extract(i), row.req.cache_scope)
         self._batch.remove(drop)
 
     def _remember(self, tokens: list[int], kv, scope: str | None) -> None:
@@ -426,7 +426,7 @@ class Scheduler:
         for i, p in enumerate(group):
             prompt = p.req.prompt
             if self._prefix is not None and p.pos > p.cached:
-                self._remember(prompt[:-1], (lambda: p.cache) if own_cache else (lambda: extract_row(cache, i)), p.req.cache_scope)
+                self._remember(prompt[:-1], (lambda p=p: p.cache) if own_cache else (lambda i=i: extract_row(cache, i)), p.req.cache_scope)
             rows.append(Row(p.handle, p.req, p.sampler, tokens=list(prompt[:-1])))
         try:
             self._batch.add(rows, cache, [p.req.prompt[-1] for p in group])

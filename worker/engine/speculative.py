@@ -158,7 +158,7 @@ def choose_width(drafts: list[list[int]], acceptance: list[float], token_cost: f
     rows = len(drafts)
     best, best_rate = 1, rows / (1 + token_cost * rows)
     for width in range(2, 2 + max((len(d) for d in drafts), default=0)):
-        expected = sum(1 + sum(p**j for j in range(1, 1 + min(width - 1, len(d)))) for d, p in zip(drafts, acceptance))
+        expected = sum(1 + sum(p**j for j in range(1, 1 + min(width - 1, len(d)))) for d, p in zip(drafts, acceptance, strict=False))
         rate = expected / (1 + token_cost * rows * width)
         if rate > best_rate:
             best, best_rate = width, rate

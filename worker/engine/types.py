@@ -7,8 +7,8 @@ read steps without importing the model-owning machinery.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 

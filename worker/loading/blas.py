@@ -28,8 +28,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 log = logging.getLogger("kiln.worker.loading")
 

@@ -13,19 +13,20 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .errors import UnsupportedModelError
+from .ggml_blocks import KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
-from .gguf_vocab import UnsupportedTokenizerError
 from .gguf_header import read_header
 from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf
-from .ggml_blocks import KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
+from .gguf_vocab import UnsupportedTokenizerError
 from .info import ModelInfo
 from .tokenizer import Tokenizer
 

@@ -16,8 +16,9 @@ arguments, and the converter's own changes to the weights, undone here:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 _COMMON_BLOCK = {
     "attn_q": "self_attn.q_proj",

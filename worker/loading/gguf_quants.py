@@ -32,8 +32,8 @@ gguf-py's reference code to float16, which holds Q6_K's d * sc * (q - 32) to flo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np

@@ -26,7 +26,7 @@ left-greedily into the longest runs the vocabulary has (16).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers

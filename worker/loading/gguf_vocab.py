@@ -14,11 +14,11 @@ before anything else, as llama.cpp does.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors
 
 from .gguf_spm import spm_tokenizer
 
@@ -139,7 +139,7 @@ def _sentencepiece(md: Mapping[str, Any], tokens: list[str], types: list[int]) -
     if len(scores) != len(tokens):
         raise UnsupportedTokenizerError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
     mergeable = [t == TOKEN_TYPE_NORMAL for t in types]
-    if len({s for s, m in zip(scores, mergeable) if m}) <= 1:
+    if len({s for s, m in zip(scores, mergeable, strict=False) if m}) <= 1:
         # Converted from a tokenizer.json without its tokenizer.model (gguf-py's LlamaHfVocab
         # writes -1000 for every piece): no order to merge by but the pieces' own, which for a
         # SentencePiece vocabulary is by score. llama.cpp would merge leftmost-first instead.
@@ -170,7 +170,7 @@ def _add_cut_tokens(tok: HFTokenizer, md: Mapping[str, Any], tokens: list[str], 
     phi3 = any(n in name for n in _PHI3_NAMES)
     special: list[AddedToken] = []
     user: list[AddedToken] = []
-    for text, type_id in zip(tokens, types):
+    for text, type_id in zip(tokens, types, strict=False):
         if not text:
             continue
         rstrip = phi3 and text not in _PHI3_KEEP_SPACE

@@ -34,7 +34,7 @@ class LoadedModel:
     """A model ready to generate, and what the worker announces about it."""
 
     model: Any  # mlx.nn.Module (typed loosely so this module imports without mlx)
-    tokenizer: "Tokenizer"
+    tokenizer: Tokenizer
     model_id: str
     aliases: list[str]
     context_window: int

@@ -17,7 +17,6 @@ import numpy as np
 
 from ..native.build import CpuKernels
 
-
 # Inside mlx's graph each kernel call waits for mlx to evaluate its input, which costs more than
 # the kernel saves beyond a few rows: a whole SmolLM2 decode step through mlx took 40 / 49 / 55 /
 # 97 ms at 1 / 2 / 4 / 8 rows this way, against 67 / 76 / 80 / 83 ms from float32. (Llama-family

@@ -12,7 +12,7 @@ longer ends in U+FFFD.
 from __future__ import annotations
 
 import codecs
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 

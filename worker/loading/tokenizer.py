@@ -8,8 +8,9 @@ from (a GGUF's metadata or an HF/mlx-lm folder), so the rest of the worker
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -64,7 +65,7 @@ class Tokenizer:
     # --- construction -------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, md: Mapping[str, Any]) -> "Tokenizer":
+    def from_gguf_metadata(cls, md: Mapping[str, Any]) -> Tokenizer:
         """Build from the `tokenizer.*` keys of a GGUF (as returned by `mx.load`)."""
         hf = build_hf_tokenizer(md)
         template = md.get("tokenizer.chat_template")
@@ -79,7 +80,7 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_folder(cls, path: str | Path) -> "Tokenizer":
+    def from_folder(cls, path: str | Path) -> Tokenizer:
         """Build from `tokenizer.json` (+ `tokenizer_config.json`, generation/config files)."""
         folder = Path(path)
         tok_file = folder / "tokenizer.json"

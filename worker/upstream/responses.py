@@ -123,7 +123,7 @@ class VllmReader:
             lp = choice.get("logprobs")
             if isinstance(lp, dict) and lp.get("token_logprobs") and len(lp["token_logprobs"]) == len(chunk.tokens):
                 tops = lp.get("top_logprobs") or [None] * len(chunk.tokens)
-                chunk.logprobs = [(float(v), [(_token_id(k), float(x)) for k, x in (top or {}).items()]) for v, top in zip(lp["token_logprobs"], tops)]
+                chunk.logprobs = [(float(v), [(_token_id(k), float(x)) for k, x in (top or {}).items()]) for v, top in zip(lp["token_logprobs"], tops, strict=False)]
             chunk.finish = _finish(choice.get("finish_reason"))
         usage = event.get("usage")
         if isinstance(usage, dict):

@@ -107,7 +107,8 @@ class UpstreamScheduler:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             active, held = self._active, len(self._tasks)
-        return {"active": active, "queued": held - active, "cache_hits": 0, "cache_lookups": 0, "cached_tokens_total": self._cached_total, "cache_bytes": 0, "engine": self.kind, "engine_healthy": self.healthy}
+        return {"active": active, "queued": held - active, "cache_hits": 0, "cache_lookups": 0, "cached_tokens_total": self._cached_total, "cache_bytes": 0, "engine": self.kind,
+            "engine_healthy": self.healthy}
 
     # -- the loop ----------------------------------------------------------------------------
     def _run_loop(self) -> None:

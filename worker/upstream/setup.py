@@ -31,7 +31,8 @@ def build_upstream(settings: WorkerSettings) -> UpstreamEngine:
         raise ValueError(f"--upstream must be an http:// or https:// URL, got {settings.upstream!r}")
     source = load_tokenizer(settings.model)
     tokenizer = source.tokenizer
-    scheduler = UpstreamScheduler(settings.upstream, settings.upstream_kind, tokenizer.encode, capacity=settings.max_batch, queue_depth=settings.queue_depth, model=settings.upstream_model, api_key=settings.upstream_api_key)
+    scheduler = UpstreamScheduler(settings.upstream, settings.upstream_kind, tokenizer.encode, capacity=settings.max_batch, queue_depth=settings.queue_depth, model=settings.upstream_model,
+        api_key=settings.upstream_api_key)
     model_id = settings.model_id or source.model_id
     aliases = sorted(set(source.aliases) | set(settings.model_alias) | {source.model_id, model_id})
     window = min(source.context_window, settings.context_length) if settings.context_length else source.context_window

@@ -15,19 +15,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ...http.errors import ApiError
 from ...lifecycle.admission import admit
+from ...lifecycle.generation import GenerationFailed, complete_usage
+from ...lifecycle.run import ResponseRun
+from ..serving import ClientDisconnected, DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated, while_connected
+from ..serving import owner as _owner
+from ..serving import service as _service
 from .translate import (
     MessagesRequest,
     MessageTranslator,
     error_body,
     to_responses_body,
 )
-from ...http.errors import ApiError
-from ...lifecycle.generation import GenerationFailed, complete_usage
-from ...lifecycle.run import ResponseRun
-from ..serving import ClientDisconnected, DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated, while_connected
-from ..serving import owner as _owner
-from ..serving import service as _service
 
 
 def _error(error: ApiError) -> JSONResponse:
@@ -86,7 +86,7 @@ async def _create(request: Request) -> Response:
         except GenerationFailed as failure:
             await watch.stop()
             await run.finish()
-            raise failure.api_error()
+            raise failure.api_error() from failure
         except ClientDisconnected:
             await watch.stop()
             await run.finish(client_gone=True)

@@ -17,14 +17,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...lifecycle.admission import admit
-from .framer import ChatTranslator
-from .request import ChatRequest, translate_chat
 from ...lifecycle.generation import GenerationFailed, complete_usage
-from ...lifecycle.run import ResponseRun
 from ...lifecycle.response_object import zero_usage
+from ...lifecycle.run import ResponseRun
 from ..serving import DisconnectWatch, drain_run, options, read_body, start_run, stream_run, validated
 from ..serving import owner as _owner
 from ..serving import service as _service
+from .framer import ChatTranslator
+from .request import ChatRequest, translate_chat
 
 
 def frame(payload: dict[str, Any]) -> bytes:

@@ -13,9 +13,9 @@ from decimal import Decimal
 from typing import Any
 
 from ...http.errors import invalid
-from ..validation import parse_bool
 from ..chat.framer import ChatTranslator, chat_usage
 from ..chat.request import LOGPROBS_INCLUDE, ChatRequest, _max_tokens, _stop
+from ..validation import parse_bool
 
 DEFAULT_MAX_TOKENS = 16  # the legacy API's default
 MAX_LOGPROBS = 5

@@ -6,8 +6,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .request import CompletionTranslator, translate_completion
 from ..chat.routes import serve_door
+from .request import CompletionTranslator, translate_completion
 
 
 async def create_completion(request: Request) -> Response:

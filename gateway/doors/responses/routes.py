@@ -8,17 +8,16 @@ from decimal import Decimal
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ...lifecycle.admission import admit
 from ...http.errors import invalid
-from ...lifecycle.run import ResponseRun
+from ...http.routes.pagination import item_page
 from ...http.sse import EventSequencer, frame_numbered
+from ...lifecycle.admission import admit
+from ...lifecycle.run import ResponseRun
 from ...store.events import TooOld
-from ..validation import parse_bool, validate_create
 from ..serving import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, options, read_body, response_stream, start_run, stream_run, validated, while_connected
 from ..serving import owner as _owner
-from ...http.routes.pagination import item_page
 from ..serving import service as _service
-
+from ..validation import parse_bool, validate_create
 
 
 def _with_cost(payload: dict, cost: Decimal | None) -> dict:
@@ -81,13 +80,13 @@ async def get_response(request: Request) -> Response:
         try:
             starting_after = int(after)
         except ValueError:
-            raise invalid("Invalid 'starting_after': expected an integer sequence number.", param="starting_after")
+            raise invalid("Invalid 'starting_after': expected an integer sequence number.", param="starting_after") from None
     reader = await _service(request).retrieval.event_stream(rid, _owner(request))
     events = reader.follow(starting_after)
     try:
         first = await events.__anext__()
     except TooOld as too_old:
-        raise invalid(f"Invalid 'starting_after': events up to sequence number {too_old.oldest - 1} are no longer kept for '{rid}'.", param="starting_after")
+        raise invalid(f"Invalid 'starting_after': events up to sequence number {too_old.oldest - 1} are no longer kept for '{rid}'.", param="starting_after") from too_old
     except StopAsyncIteration:
         first = None
     return StreamingResponse(_replay(first, events), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -29,18 +29,18 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from kiln.protocol.usage import Usage
 
 from ...accounts.middleware import PRINCIPAL_SCOPE_KEY, socket_principal
-from ...lifecycle.admission import admit
 from ...http.body import parse_json_bytes
-from ..options import DoorOptions
 from ...http.errors import ApiError, invalid
-from ...lifecycle.generation import GenerationFailed, terminal_event
-from ...lifecycle.run import ResponseRun
-from ...lifecycle.response_object import ResponseObject
 from ...http.sse import EventSequencer
-from .connection_state import ConnectionState
+from ...lifecycle.admission import admit
+from ...lifecycle.generation import GenerationFailed, terminal_event
+from ...lifecycle.response_object import ResponseObject
+from ...lifecycle.run import ResponseRun
+from ..options import DoorOptions
 from ..serving import response_stream
 from ..serving import session as door_session
 from ..serving import validated as _validated
+from .connection_state import ConnectionState
 
 log = logging.getLogger("kiln.gateway.websocket")
 
@@ -83,7 +83,8 @@ async def responses_socket(ws: WebSocket) -> None:
     settings = state.settings
     if settings.websocket == "off":
         # 426 is the answer clients (Codex) treat as "use HTTP": they fall back at once.
-        await _deny(ws, ApiError(426, "WebSocket mode is turned off on this server; use HTTP POST /v1/responses.", code="websocket_not_supported", type="invalid_request_error", headers={"Upgrade": "websocket"}))
+        await _deny(ws, ApiError(426, "WebSocket mode is turned off on this server; use HTTP POST /v1/responses.", code="websocket_not_supported", type="invalid_request_error",
+            headers={"Upgrade": "websocket"}))
         return
     open_now = getattr(state, _OPEN_KEY, 0)
     if settings.websocket_max_connections and open_now >= settings.websocket_max_connections:
@@ -157,10 +158,12 @@ class Session:
                         break
                     if self.overfull:
                         limit = self.settings.max_body_bytes
-                        await self._close_with(ApiError(413, f"More than {limit} bytes of response.create messages are waiting on this connection; send the next once a response has ended.", code="request_too_large"), 1009)
+                        await self._close_with(ApiError(413, f"More than {limit} bytes of response.create messages are waiting on this connection; send the next once a response has ended.",
+                            code="request_too_large"), 1009)
                         break
                     if self.flooded:
-                        await self._close_with(ApiError(400, f"More than {PENDING_LIMIT} response.create messages are waiting on this connection; send the next once a response has ended.", code="too_many_pending_requests"), 1008)
+                        await self._close_with(ApiError(400, f"More than {PENDING_LIMIT} response.create messages are waiting on this connection; send the next once a response has ended.",
+                            code="too_many_pending_requests"), 1008)
                         break
                     await self._close_with(connection_limit_reached(self.settings.websocket_max_age_s / 60), 1000)
                     break
@@ -249,7 +252,8 @@ class Session:
             raise invalid("The message must be a JSON object.")
         kind = raw.get("type")
         if kind != "response.create":
-            raise invalid(f"Unsupported message type {kind!r}: this server accepts 'response.create'.", param="type", code="unsupported_event_type" if isinstance(kind, str) else "missing_required_parameter")
+            raise invalid(f"Unsupported message type {kind!r}: this server accepts 'response.create'.", param="type",
+                code="unsupported_event_type" if isinstance(kind, str) else "missing_required_parameter")
         body = {k: v for k, v in raw.items() if k not in ("type", "generate")}
         if body.get("background") not in (None, False):
             raise ApiError(400, "'background' is not supported in WebSocket mode.", code="unsupported_parameter", param="background")
@@ -392,7 +396,9 @@ class Session:
                     self.state.forget(previous)
             if not early:
                 await self._send(seq.stamp(terminal_event(response)))
-            log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": True, "answered_early": early, "previous_response_id": previous, "error": response.data.get("error")})
+            log.info("websocket turn",
+                extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": True, "answered_early": early, "previous_response_id": previous,
+                    "error": response.data.get("error")})
         finally:
             if not drain.done():
                 drain.cancel()

@@ -14,16 +14,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import ApiError, invalid
-from ...lifecycle.history import conversation_key
 from ...doors.serving import owner as _owner
 from ...doors.serving import read_body
 from ...doors.serving import service as _service
+from ...doors.validation import check_metadata, normalize_input
+from ...lifecycle.history import conversation_key
 from ...lifecycle.service import ResponsesService
 from ...store.conversations import Conversation, as_resource_item, conversation_size, new_conversation_id
 from ...store.lru import OWNER_SHARE
 from ...store.protocols import ConversationStore
-from ...doors.validation import check_metadata, normalize_input
+from ..errors import ApiError, invalid
 from .pagination import item_list, item_page
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items added in one call

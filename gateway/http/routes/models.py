@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, Response
 
 from kiln.protocol.model_config import ModelConfig
 
-from ..errors import ApiError
 from ...pool.ondemand import ModelLoader
 from ...pool.workers import WorkerHandle, WorkerPool
+from ..errors import ApiError
 
 
 def _model_object(model_id: str, created: int, handle: WorkerHandle | None, entry: ModelConfig | None, status: str) -> dict[str, Any]:

@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ...lifecycle.tasks import stop_tasks
 from ..events import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_FINISHED, DEFAULT_MAX_TOTAL_BYTES, TERMINAL_EVENTS, TooOld
 from ..protocols import StoreUnavailable
 from . import scripts
-from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, BLOCK_S, SOCKET_TIMEOUT_S, RedisContext, guarded
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..items import DEFAULT_MAX_ENTRIES
 from . import scripts
-from .connection import RedisContext, guarded, text as _text
+from .connection import RedisContext, guarded
+from .connection import text as _text
 
 
 class RedisItemIndex:

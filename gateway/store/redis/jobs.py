@@ -20,14 +20,15 @@ import logging
 import random
 from typing import Any
 
+from ...lifecycle.tasks import stop_tasks
 from ..background import budget_full, job_view, too_many_jobs
 from ..protocols import Job, JobState
 from ..responses import StoredResponse
 from . import scripts
 from .cancel import CancelChannel
-from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
-from .connection import BACKEND_ERRORS, RedisContext, guarded, text as _text
+from .connection import BACKEND_ERRORS, RedisContext, guarded
+from .connection import text as _text
 from .events import RedisEventLog
 from .responses import RedisResponseStore
 

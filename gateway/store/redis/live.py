@@ -15,9 +15,9 @@ import logging
 from typing import Any
 
 from ...http.errors import ApiError
+from ...lifecycle.tasks import stop_tasks
 from ..protocols import StoreUnavailable
 from .cancel import CancelChannel
-from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, RedisContext, guarded
 from .jobs import CANCEL_WAIT_S

@@ -44,4 +44,4 @@ class RedisReasoningEcho:
         except BACKEND_ERRORS as exc:
             log.warning("reasoning echo skipped: redis unavailable", extra={"error": str(exc)})
             return items
-        return reinsert(items, {k: loads(v) for k, v in zip(keys, values) if v is not None}, owner)
+        return reinsert(items, {k: loads(v) for k, v in zip(keys, values, strict=False) if v is not None}, owner)

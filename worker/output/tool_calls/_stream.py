@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
+from ._json_stream import JsonCallReader, ReaderEvent
+from ._text import TextOutput, held_suffix_len
 from .base import (
     ArgumentsDelta,
     CallStarted,
@@ -14,8 +16,6 @@ from .base import (
     ToolCallParser,
     Tools,
 )
-from ._json_stream import JsonCallReader, ReaderEvent
-from ._text import TextOutput, held_suffix_len
 
 
 class BufferedParser(ToolCallParser):

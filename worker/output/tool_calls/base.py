@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass
@@ -86,7 +86,7 @@ class FinalParse:
     cut: CutCall | None = None
 
 
-ParserEvent = Union[TextDelta, CallStarted, ArgumentsDelta]
+ParserEvent = TextDelta | CallStarted | ArgumentsDelta
 
 # Declared tools in the flat Responses shape:
 # {"type": "function", "name", "description", "parameters"}.
