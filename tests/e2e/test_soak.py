@@ -334,7 +334,10 @@ def test_soak_three_orgs_every_door_with_faults(tmp_path):
     assert not stray, stray[:10]
     assert all(r["status"] != "pending" for r in rows.values())
     for org, key in keys.items():
-        billed = sum(r["input_tokens"] + r["output_tokens"] for g, r in rows.items() if key.startswith(r["key_prefix"]) and r["status"] in ("completed", "incomplete") and g not in soak.cut_generations)
+        billed = sum(
+            r["input_tokens"] + r["output_tokens"] for g, r in rows.items()
+            if key.startswith(r["key_prefix"]) and r["status"] in ("completed", "incomplete") and g not in soak.cut_generations
+        )
         delivered = sum(o.tokens or 0 for o in served if o.org == org)
         assert billed == delivered, (org, billed, delivered)
     for name, bound in (("gateway", GATEWAY_SLOPE_MIB_MIN), ("worker", WORKER_SLOPE_MIB_MIN)):

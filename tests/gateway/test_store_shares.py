@@ -75,7 +75,7 @@ async def test_one_orgs_conversations_never_evict_anothers(tmp_path, backend):
             assert r.status_code == 200, r.text
             flood.append(r.json()["id"])
         # Turns appended to acme's newest conversation grow it: still only acme's own go.
-        for i in range(10):
+        for _ in range(10):
             r = await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "y" * 2000, "conversation": flood[-1]}, headers=acme))
             assert r.status_code == 200, r.text
         assert (await bounded(c.get(f"/v1/conversations/{mine}/items", headers=globex))).status_code == 200

@@ -235,7 +235,10 @@ class RedisEventLog:
         """Keep the finished stream within the bounds (``owner``'s within its share); ``nbytes``
         -1: weighed in Redis (a stream another replica wrote, whose owner it does not know)."""
         try:
-            await self.ctx.run(scripts.EVENTS_FINISH, self.ctx.keys.events(""), response_id, self.ctx.keys.finished_events, self.finished_ttl_ms, self.max_finished, nbytes, self.max_total_bytes, owner)
+            await self.ctx.run(
+                scripts.EVENTS_FINISH, self.ctx.keys.events(""), response_id, self.ctx.keys.finished_events,
+                self.finished_ttl_ms, self.max_finished, nbytes, self.max_total_bytes, owner,
+            )
         except BACKEND_ERRORS as exc:
             log.warning("finished stream not marked: redis unavailable", extra={"response_id": response_id, "error": str(exc)})
 
