@@ -341,19 +341,25 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
         acc[m] = _mm256_setzero_ps();
         extra[m] = 0.f;
     }
-    if (type == KILN_Q4_K) { /* the common case, by super-block: scales decoded once per 8 groups */
-        const __m256i low4 = _mm256_set1_epi8(15);
+    if (type == KILN_Q4_K || type == KILN_Q5_K) { /* the common cases, by super-block: scales decoded once per 8 groups */
+        const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+        const int five = type == KILN_Q5_K;
         for (int sb = 0; sb < K / 256; sb++) {
-            const uint8_t *b = row + (size_t)sb * 144;
+            const uint8_t *b = row + (size_t)sb * (five ? 176 : 144);
             float sc[8], mt[8];
             for (int j = 0; j < 8; j++) {
-                kiln_group G = group_of(KILN_Q4_K, b, j);
+                kiln_group G = group_of(type, b, j);
                 sc[j] = G.f * (float)G.c0;
                 mt[j] = G.mt;
             }
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
             for (int j2 = 0; j2 < 4; j2++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j2));
-                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * j2));
+                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                if (five) { /* Q5_K: bit 2 j2 (and 2 j2 + 1) of each qh byte is the fifth bit of the pair's groups */
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j2)), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j2 + 1)), one), 4));
+                }
                 const int g = sb * 8 + 2 * j2;
                 for (int m = 0; m < M; m++) {
                     const long r = m0 + m;
