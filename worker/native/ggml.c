@@ -329,6 +329,28 @@ static inline __m256i group_u256(int type, const kiln_group *G) {
     }
 }
 
+/* Every group of a row against M rows of activations, for the types without a loop of their own. */
+static inline __attribute__((always_inline)) void ggml_groups(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, __m256 *acc, float *extra) {
+    for (int g = 0; g < K / 32; g++) {
+        kiln_group G = group_of(type, row, g);
+        const __m256i u = group_u256(type, &G);
+        const __m256i sw = _mm256_sub_epi8(u, _mm256_set1_epi8((char)G.z)); /* u - z, signed */
+        const __m256i au = G.z ? _mm256_abs_epi8(sw) : u;
+        const __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const __m256i xi = _mm256_loadu_si256((const __m256i *)(a->gq + r * a->gq_ld + g * 32));
+            const __m256i i = GGML_DOT(_mm256_setzero_si256(), au, G.z ? _mm256_sign_epi8(xi, sw) : xi);
+            const float dx = a->gd[r * a->gd_ld + g];
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(cv, _mm256_set1_ps(dx)), acc[m]);
+            if (G.mt != 0.f) {
+                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                extra[m] -= dx * G.mt * (float)(is[0] + is[1]);
+            }
+        }
+    }
+}
+
 /* Types with a zero point multiply signed weights (u - z, |u - z| <= 128) as |u - z| by
  * sign(u - z) * xi, which vpdpbusd / maddubs take as unsigned x signed bytes without the zero
  * point's correction; Q4_K's offset is added per group from the activations' sums. */
@@ -377,23 +399,15 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
         for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
         return;
     }
-    for (int g = 0; g < K / 32; g++) {
-        kiln_group G = group_of(type, row, g);
-        const __m256i u = group_u256(type, &G);
-        const __m256i sw = _mm256_sub_epi8(u, _mm256_set1_epi8((char)G.z)); /* u - z, signed */
-        const __m256i au = G.z ? _mm256_abs_epi8(sw) : u;
-        const __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
-        for (int m = 0; m < M; m++) {
-            const long r = m0 + m;
-            const __m256i xi = _mm256_loadu_si256((const __m256i *)(a->gq + r * a->gq_ld + g * 32));
-            const __m256i i = GGML_DOT(_mm256_setzero_si256(), au, G.z ? _mm256_sign_epi8(xi, sw) : xi);
-            const float dx = a->gd[r * a->gd_ld + g];
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(cv, _mm256_set1_ps(dx)), acc[m]);
-            if (G.mt != 0.f) {
-                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
-                extra[m] -= dx * G.mt * (float)(is[0] + is[1]);
-            }
-        }
+    switch (type) { /* one copy of the loop per type: its decoding folds into it */
+    case KILN_Q4_0: ggml_groups(M, KILN_Q4_0, row, K, a, m0, acc, extra); break;
+    case KILN_Q4_1: ggml_groups(M, KILN_Q4_1, row, K, a, m0, acc, extra); break;
+    case KILN_Q5_0: ggml_groups(M, KILN_Q5_0, row, K, a, m0, acc, extra); break;
+    case KILN_Q5_1: ggml_groups(M, KILN_Q5_1, row, K, a, m0, acc, extra); break;
+    case KILN_Q8_0: ggml_groups(M, KILN_Q8_0, row, K, a, m0, acc, extra); break;
+    case KILN_Q6_K: ggml_groups(M, KILN_Q6_K, row, K, a, m0, acc, extra); break;
+    case KILN_IQ4_NL: ggml_groups(M, KILN_IQ4_NL, row, K, a, m0, acc, extra); break;
+    default: ggml_groups(M, type, row, K, a, m0, acc, extra);
     }
     for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
 }
