@@ -35,7 +35,7 @@ from kiln.worker.engine import cpu_exp  # noqa: E402
 from kiln.worker.engine.layout import input_major_while  # noqa: E402
 from kiln.worker.engine.native_decode import NativeDecoder  # noqa: E402
 from kiln.worker.loading.packed import PackedLinear  # noqa: E402
-from kiln.worker.loading import load_model  # noqa: E402
+from kiln.worker.loading.loader import load_model  # noqa: E402
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:

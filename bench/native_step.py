@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from kiln.worker.engine.native_decode import NativeDecoder, _layer  # noqa: E402
-from kiln.worker.loading import load_model  # noqa: E402
+from kiln.worker.loading.loader import load_model  # noqa: E402
 from kiln.worker.native.threads import TeamSize  # noqa: E402
 
 PROMPT = 64  # cached positions before the timed steps

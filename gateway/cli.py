@@ -63,7 +63,7 @@ def checked(settings: Settings) -> Settings:
             raise click.BadParameter(str(exc), param_hint="--config")
         settings = replace(settings, config_path=os.path.abspath(settings.config_path))
     if settings.supervisor_fd is not None:
-        from .supervisor_link import check_fd
+        from .pool.supervisor_link import check_fd
 
         problem = check_fd(settings.supervisor_fd)
         if problem:
@@ -123,7 +123,7 @@ def serve(settings: Settings) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
-    from .app import create_app
+    from .http.app import create_app
 
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]

@@ -44,12 +44,14 @@ class Settings:
     # The spec refuses truncation "auto"; clients that always send it (the Agents SDK) need this.
     truncation_auto: bool = setting(False, help='Accept truncation: "auto": the oldest whole turns are left out of what is rendered until the input fits the context window. Off: "auto" is a 400, as the spec says.')
     log_level: LogLevel = log_level_setting()
-    # Server key that seals reasoning handed to clients (gateway/sealing.py).
+    # Server key that seals reasoning handed to clients (gateway/lifecycle/sealing.py).
     secret_key: str | None = setting(None, secret=True, help="Key that seals the reasoning handed to clients in encrypted_content. Set the same key on every gateway replica; default: random per process (kiln serve: kept in its --data-dir).")
     encrypt_reasoning: bool = setting(False, help="Encrypt the reasoning in encrypted_content (AES-256-GCM under --secret-key) so that clients cannot read it from the blob; default: signed, readable base64url JSON.")
     reasoning_echo_max_bytes: int = setting(16 << 20, min=0, spec_env="MLXCEL_REASONING_ECHO_MAX_BYTES", help="Byte budget of the reasoning echo store; 0 turns it off.")
     # None: OpenAI's default, 1.0.
     default_temperature: float | None = setting(None, min=0, max=2, help="Temperature for requests that do not set one (default: 1, as OpenAI). Small models ramble less at 0-0.7; clients such as Codex never send one.")
+    # None: OpenAI's default, 0.
+    default_frequency_penalty: float | None = setting(None, min=-2, max=2, help="frequency_penalty for requests that do not set one (default: 0, as OpenAI). A small model that repeats itself until the output cap stops at 0.3-0.5; clients rarely send one.")
     # The response store (spec: Storage Flags). "none" is the hosted contract's store-less gateway;
     # "redis" shares the stores between gateway replicas through redis_url (docs/deploy-state.md).
     store_mode: Literal["memory", "redis", "none"] = setting("memory", flag="--store", help="memory: keep responses as the Responses API describes, in this process. redis: the same, shared by every gateway replica through --redis-url. none: the hosted contract's store-less gateway.")
@@ -88,15 +90,15 @@ class Settings:
     # Without a secret any local process could register as a worker, read every tenant's prompts
     # and report usage: only an operator who says so runs that way (gateway/cli.py).
     allow_unauthenticated_workers: bool = setting(False, help="Accept workers without a worker secret (plain ZeroMQ, loopback or ipc:// only): any local process could then serve, read and bill requests.")
-    # The HTTP edge (gateway/edge.py): body deadline, concurrent-request cap, Host and Origin rules.
+    # The HTTP edge (gateway/http/edge.py): body deadline, concurrent-request cap, Host and Origin rules.
     body_timeout_s: float = setting(30.0, flag="--body-timeout", min=0, help="Seconds a request body may take to arrive; slower ones get 408 and the connection is closed. 0: no bound.")
     body_buffer_bytes: int = setting(256 << 20, min=0, help="Bytes of request bodies still arriving, over all requests; a chunk past it gets 503 with Retry-After. 0: no bound.")
     max_connections: int = setting(1024, min=0, help="HTTP requests served at once (streams included); beyond it, 503 with Retry-After. 0: no cap.")
     keep_alive_timeout_s: float = setting(75.0, flag="--keep-alive-timeout", min=0, min_open=True, help="Seconds an idle connection stays open, and the most a client may take to send its request headers.")
-    # None: loopback names on a loopback bind, else any (gateway/edge.py normalizes the names).
+    # None: loopback names on a loopback bind, else any (gateway/http/edge.py normalizes the names).
     allowed_hosts: tuple[str, ...] | None = setting(None, separator=",", help="Comma list of Host names accepted besides loopback ones (* = any). Default: loopback names only when listening on loopback with --auth none, else any.")
     cors_origins: tuple[str, ...] | None = setting(None, separator=",", help="Comma list of web origins (https://app.example) allowed to call the API from a browser (* = any).")
-    # WebSocket mode on /v1/responses (gateway/routes/websocket.py; docs/websocket.md). "off"
+    # WebSocket mode on /v1/responses (gateway/doors/websocket/routes.py; docs/websocket.md). "off"
     # answers the upgrade with 426 so clients fall back to HTTP.
     websocket: Literal["on", "off"] = setting("on", help="WebSocket mode on /v1/responses; off answers the upgrade with 426 so clients use HTTP.")
     websocket_max_connections: int = 256  # sockets open at once; beyond, the upgrade gets 503

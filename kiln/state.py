@@ -1,7 +1,7 @@
 """Kiln's data directory: what ``kiln serve`` keeps across restarts on this machine.
 
 Today that is one file, ``secret-key``: the key that seals reasoning handed to clients in
-``encrypted_content`` (gateway/sealing.py). With a key that outlives the process, a client that
+``encrypted_content`` (gateway/lifecycle/sealing.py). With a key that outlives the process, a client that
 carries a reasoning item (Codex with ``store: false``) keeps working after ``kiln serve``
 restarts. The file is created once, mode 0600 in a 0700 directory, and a key file that others
 may read is refused rather than used. Hosted replicas do not use it: they share the key they are

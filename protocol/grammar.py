@@ -1,6 +1,6 @@
 """llguidance's compile options and limits, in one place for both daemons.
 
-The gateway refuses a schema the worker could not enforce (kiln.gateway.schema_check, the
+The gateway refuses a schema the worker could not enforce (kiln.gateway.doors.schema_check, the
 tokenizer-free half of llguidance), and the worker compiles the same schema into a token mask
 (kiln.worker.structured). Both must decide alike, or a request passes the gateway and fails on a
 worker, or is refused although the worker would serve it. So the options each kind of schema is

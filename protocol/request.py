@@ -4,7 +4,7 @@ A create body reaches a worker as a ``GenerateRequest`` (inside ``Generate``, ``
 ``Compact``): tools already flattened (a namespace's functions carry the namespace's name), the
 tool mode decided, the text format, sampling, the expanded input items and the cache key. The
 worker renders, constrains, samples and parses from this value only; it never sees the create
-body. ``gateway/worker_request.py`` is the one place that builds it from a validated body.
+body. ``gateway/pool/worker_request.py`` is the one place that builds it from a validated body.
 
 Every range is checked when a value is constructed, so a request that exists is one the sampler
 can honour; a bad value raises ``InvalidParam`` naming the API parameter. ``from_wire`` builds

@@ -88,7 +88,7 @@ def generate_secret() -> str:
 def secure_gateway_socket(sock: "zmq.Socket[Any]", keys: CurveKeys) -> None:
     """Make the gateway's ROUTER a CURVE server that asks the ZAP handler about each client.
 
-    Call before ``bind``; the caller runs the ZAP handler (gateway/worker_auth.py).
+    Call before ``bind``; the caller runs the ZAP handler (gateway/pool/worker_auth.py).
     """
     sock.curve_server = True
     sock.curve_secretkey = keys.server_secret

@@ -5,7 +5,7 @@ On the wire (``Event.usage``, ``Done.usage``, ``Compacted.usage``) and in Respon
 OpenAI's ``usage`` map; ``Usage.from_map`` reads any such map shallowly and forgivingly (absent or
 malformed counts are 0, so an older or newer peer never breaks a bill), and ``to_map`` writes the
 complete shape the Responses schema requires. Whether a reported usage is *plausible* for its
-request is the worker pool's check (gateway/workers.py), not this type's.
+request is the worker pool's check (gateway/pool/workers.py), not this type's.
 """
 
 from __future__ import annotations

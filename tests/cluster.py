@@ -209,7 +209,7 @@ class Cluster:
         return sum(self.routed_by_worker(i).values())
 
     def routed_by_worker(self, i: int) -> dict[str, float]:
-        """Requests gateway `i` has sent to each worker (its /metrics), by worker id."""
+        """Requests gateway `i` has sent to each worker (its /metrics), by worker tag."""
         headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else None
         text = httpx.get(self.gateway_url(i) + "/metrics", headers=headers, timeout=5).text
         counts: dict[str, float] = {}

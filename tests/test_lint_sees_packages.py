@@ -31,8 +31,8 @@ def checkout_copy(tmp: Path) -> Path:
 
 def test_a_planted_cross_package_type_error_fails_dev_lint(tmp_path):
     copy = checkout_copy(tmp_path)
-    target = copy / "gateway" / "worker_request.py"
+    target = copy / "gateway" / "pool" / "worker_request.py"
     target.write_text(target.read_text() + PLANT)
     run = subprocess.run(["./dev", "lint"], cwd=copy, capture_output=True, text=True, timeout=600)
     assert run.returncode != 0, run.stdout + run.stderr
-    assert 'gateway/worker_request.py' in run.stdout and '"GenerateRequest", variable has type "int"' in run.stdout, run.stdout
+    assert 'gateway/pool/worker_request.py' in run.stdout and '"GenerateRequest", variable has type "int"' in run.stdout, run.stdout

@@ -49,7 +49,7 @@ def main(**options: Any) -> None:
 
         reexec_with_openblas(sys.argv)
     configure(settings.log_level)
-    from .loading import ModelNotFoundError, UnsupportedModelError
+    from .loading.errors import ModelNotFoundError, UnsupportedModelError
 
     try:
         with progress_to(settings.progress_fd, "kiln.worker"):
@@ -96,7 +96,7 @@ def served_names(settings: WorkerSettings) -> tuple[str, list[str]]:
     here."""
     if settings.engine == "scripted":
         return settings.model_id or "kiln-scripted", list(settings.model_alias)
-    from .loading import model_names
+    from .loading.loader import model_names
 
     own, aliases = model_names(settings.model)
     model_id = settings.model_id or own
@@ -135,7 +135,7 @@ def build_server(settings: WorkerSettings):
         from .engine.native_verdict import CheckSource
         from .engine.scheduler import Scheduler
         from .engine.speculative import Speculation
-        from .loading import load_model
+        from .loading.loader import load_model
         from .loading.progress import LoadProgress
 
         started = time.monotonic()

@@ -240,7 +240,7 @@ class GenerationService:
 
             collector = _Collector(self, req_id, len(prompt), finished, emit)
             params = SamplingParams(temperature=0.0, max_tokens=max(1, min(budget, window - len(prompt))))
-            return EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step)
+            return EngineRequest(prompt=prompt, params=params, stop_tokens=frozenset(self.tokenizer.eos_token_ids), on_step=collector.on_step, cache_scope=request.cache_scope)
 
         self._submit(req_id, summarize(budget, None), emit)
 
@@ -346,9 +346,10 @@ class _Run:
 
     def on_progress(self) -> None:
         """A chunk of the prompt is prefilled: an Event with no events tells the gateway this
-        request is alive (its between-events deadline would otherwise run during a long prefill)."""
+        request is alive (its between-events deadline would otherwise run during a long prefill),
+        and its usage the prompt's size (a warm-up answered before its prefill ends reports it)."""
         if not self.failed:
-            self.emit(Event(self.req_id, []))
+            self.emit(Event(self.req_id, [], self.usage()))
 
     def usage(self) -> dict[str, Any]:
         """Usage so far: what Done would report if the request ended now."""

@@ -12,7 +12,7 @@ Python, compiles JSON schemas (including $ref, anyOf, patterns, formats) lazily 
 and builds straight from a ``tokenizers.Tokenizer``. Its mlx helper is a Metal kernel, so off
 macOS we apply the mask with plain numpy/mlx ops.
 
-The gateway (kiln.gateway.schema_check) has already refused schemas that cannot compile; the
+The gateway (kiln.gateway.doors.schema_check) has already refused schemas that cannot compile; the
 worker still reports compile errors as ``GrammarError`` rather than trusting that.
 """
 

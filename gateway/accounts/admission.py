@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 from kiln.protocol.usage import Usage
 
 from .auth import Principal
@@ -121,7 +121,7 @@ async def admit(accounts: Accounts, *, principal: Principal, generation_id: str,
     """Admit a metered request (raises the contract's ApiError) and reserve its worst-case cost.
 
     ``reserve=False`` (token counting) checks the balance without reserving and writes no row.
-    ``loader`` (gateway/ondemand.py) loads an on-demand model once the key may use it."""
+    ``loader`` (gateway/pool/ondemand.py) loads an on-demand model once the key may use it."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "Missing required parameter: 'model'.", code="missing_required_parameter", param="model")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 from .db import Database
 from .keys import decode_models, hash_key

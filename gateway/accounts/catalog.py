@@ -22,7 +22,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 _MILLION = Decimal(1_000_000)
 _PRICE_KEYS = {"input", "cached_input", "output"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable, Protocol
 
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 
 def rate_limited(limit: int) -> ApiError:

@@ -18,7 +18,7 @@ import secrets
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 from .limits import Slot, rate_limited
 

@@ -31,7 +31,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 from .catalog import Catalog
 from .db import Database

@@ -24,8 +24,8 @@ import anyio
 from collections.abc import MutableMapping
 from typing import Any, Awaitable, Callable
 
-from kiln.gateway.errors import ApiError
-from kiln.gateway.doors.anthropic import error_body, is_messages_path
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.doors.anthropic.translate import error_body, is_messages_path
 
 from .metering import new_generation_id
 from .service import Accounts
@@ -170,7 +170,7 @@ class AccountsMiddleware:
         """The WebSocket upgrade of /v1/responses: the key is checked on the handshake (401 as
         an HTTP answer, before the socket opens). No slot and no generation id here: a socket
         idles between turns, so the route takes both per ``response.create``."""
-        from kiln.gateway.ws_upgrade import WEBSOCKET_PATHS, deny_upgrade
+        from kiln.gateway.http.ws_upgrade import WEBSOCKET_PATHS, deny_upgrade
 
         if scope.get("path") not in WEBSOCKET_PATHS:
             await self.app(scope, receive, send)  # no such socket: the router refuses it

@@ -1,7 +1,7 @@
 """The hosted mode's state in one object: database, authenticator, meter, limiter, catalog, maintenance.
 
 ``create_app`` builds one ``Accounts`` when ``--auth keys`` is on, opens it in the lifespan and hands
-it to ``AccountsMiddleware`` (the request path) and the hosted routes (routes/usage.py). Nothing here
+it to ``AccountsMiddleware`` (the request path) and the hosted routes (http/routes/usage.py). Nothing here
 speaks HTTP.
 """
 

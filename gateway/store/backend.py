@@ -7,52 +7,16 @@ the one place that knows which backend is in use.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .background import MemoryJobBoard
 from .conversations import MemoryConversationStore
 from .events import EventBuffers
 from .items import MemoryItemIndex
 from .live import LocalLiveRegistry
-from .protocols import ConversationStore, EventLog, ItemIndex, JobBoard, LiveRegistry, ReasoningEcho, ResponseStore
 from .reasoning_echo import MemoryReasoningEcho
 from .responses import MemoryResponseStore
-
-CancelHandler = Callable[[str], Awaitable[dict[str, Any] | None]]
-
-
-class Lifecycle(Protocol):
-    """What a backend runs beside requests (Redis: leases, the sweeper, the cancel listener)."""
-
-    async def open(self, cancel_here: CancelHandler) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-@dataclass
-class Stores:
-    mode: str
-    responses: ResponseStore | None
-    conversations: ConversationStore
-    reasoning_echo: ReasoningEcho
-    items: ItemIndex
-    jobs: JobBoard
-    events: EventLog
-    live: LiveRegistry
-    replica: str = "local"
-    lifecycle: Lifecycle | None = None
-
-    async def open(self, cancel_here: CancelHandler) -> None:
-        """Start what the backend runs beside requests; ``cancel_here`` answers cancels sent by
-        other replicas for responses this one runs."""
-        if self.lifecycle is not None:
-            await self.lifecycle.open(cancel_here)
-
-    async def close(self) -> None:
-        if self.lifecycle is not None:
-            await self.lifecycle.close()
+from .stores import Stores
 
 
 def build_stores(settings: Any) -> Stores:

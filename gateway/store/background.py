@@ -9,36 +9,18 @@ replicas (leases, cancel across replicas, failing the jobs of a replica that die
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ApiError
-from .protocols import JobState, ResponseStore
+from ..http.errors import ApiError
+from .protocols import Job, JobState, ResponseStore
 from .responses import StoredResponse
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 
-@dataclass
-class Job:
-    response: Any  # ResponseObject
-    generation: Any  # Generation
-    input_items: list[dict[str, Any]]
-    own_input: list[dict[str, Any]]
-    reserved_bytes: int
-    task: asyncio.Task[None] | None = None
-    events: Any = None  # its EventRecorder (streamed retrieval)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def owner(self) -> Any:
-        return self.extra.get("owner")
-
-
 def job_view(response: Any) -> dict[str, Any]:
     """A background response as a poll sees it: no partial output until terminal."""
-    from ..response_object import zero_usage
+    from ..lifecycle.response_object import zero_usage
 
     snapshot: dict[str, Any] = response.snapshot()
     if response.status not in TERMINAL:

@@ -1,7 +1,7 @@
 """Per-response event buffers for streamed retrieval (``GET /v1/responses/{id}?stream=true``).
 
 A background job's stream events are recorded here with the sequence numbers a live stream would
-have given them (gateway/sse.py numbers them the same way), so a client can replay them after any
+have given them (gateway/http/sse.py numbers them the same way), so a client can replay them after any
 ``starting_after`` and then follow the live ones until the terminal event. Each buffer keeps the
 last ``max_events`` events within ``max_bytes`` of JSON (older ones are dropped; a
 ``starting_after`` before the oldest kept is refused), and finished buffers stay readable for the

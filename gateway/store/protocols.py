@@ -6,20 +6,20 @@ Every method that reads or writes shared state is a coroutine (Redis is across a
 memory stores answer at once. A store that cannot reach its backend raises
 ``StoreUnavailable`` (a 503 in the API's error shape), never a backend exception.
 
-``backend.py`` builds one set of these from the settings; ``responses_service.py`` is the only
+``backend.py`` builds one set of these from the settings (``stores.py``); ``lifecycle/`` is the only
 user of most of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ApiError
+from ..http.errors import ApiError
 
 if TYPE_CHECKING:
-    from .background import Job
     from .conversations import Conversation
     from .responses import StoredResponse
 
@@ -29,6 +29,7 @@ __all__ = [
     "EventReader",
     "EventRecorder",
     "ItemIndex",
+    "Job",
     "JobBoard",
     "JobState",
     "LiveRegistry",
@@ -135,6 +136,24 @@ class JobState:
     owner: Any  # the organization that may see it
     replica: str  # the replica running it
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """A background job this replica runs (``JobState`` is how every replica sees one)."""
+
+    response: Any  # ResponseObject
+    generation: Any  # Generation
+    input_items: list[dict[str, Any]]
+    own_input: list[dict[str, Any]]
+    reserved_bytes: int
+    task: asyncio.Task[None] | None = None
+    events: Any = None  # its EventRecorder (streamed retrieval)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def owner(self) -> Any:
+        return self.extra.get("owner")
 
 
 class JobBoard(Protocol):

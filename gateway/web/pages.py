@@ -6,7 +6,7 @@ no path from a URL ever reaches the file system. They speak only to this gateway
 playground: /v1/...; the console: /admin/..., /health, /metrics), so every page carries a
 Content-Security-Policy that allows scripts, styles and connections to this origin alone (no inline
 script, no ``eval``), and no form may submit anywhere (``form-action 'none'``: a secret typed into a
-page can never end up in a URL). The edge (gateway/edge.py) checks these requests as any other.
+page can never end up in a URL). The edge (gateway/http/edge.py) checks these requests as any other.
 
 Which pages are served is decided here from the settings (``--playground``, ``--console``).
 """
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import ApiError
+from ..http.errors import ApiError
 
 STATIC = Path(__file__).with_name("static")
 ASSET_PREFIX = "/ui/"

@@ -1,5 +1,5 @@
 """Codex CLI against a real Kiln: the pinned npm install, a throwaway CODEX_HOME, and the gateway's
-request log (kiln.gateway.request_log) to see what Codex sent and what Kiln answered."""
+request log (kiln.gateway.http.request_log) to see what Codex sent and what Kiln answered."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.gateway.request_log import read_log
+from kiln.gateway.http.request_log import read_log
 from tests.support import Kiln, Proc
 
 # The version of the capture in shared/clients (codex-0.169-request.json) and docs/codex.md.
@@ -78,9 +78,9 @@ class LoggedKiln(Kiln):
         self.env = {**self.env, "KILN_REQUEST_LOG": str(self.request_log), "KILN_DEFAULT_TEMPERATURE": "0"}
 
     def start(self, timeout: float = 300) -> "LoggedKiln":
-        # As Kiln.start, with the gateway run through kiln.gateway.request_log (which installs the
+        # As Kiln.start, with the gateway run through kiln.gateway.logged_cli (which installs the
         # log whether or not create_app has the hook).
-        argv = [sys.executable, "-m", "kiln.gateway.request_log", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "10", *self.gateway_args]
+        argv = [sys.executable, "-m", "kiln.gateway.logged_cli", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "10", *self.gateway_args]
         self.gateway = Proc(argv, self._env(), self.tmp / "gateway.log").start()
         self.procs.append(self.gateway)
         for _ in range(self.workers):

@@ -24,7 +24,6 @@ import openai
 import pytest
 from openai import OpenAI
 
-from kiln.gateway.routes.health import worker_tag
 from tests.cluster import Cluster, haproxy
 from tests.conformance import assert_error, assert_response
 from tests.redis_support import RedisServer
@@ -153,15 +152,15 @@ def test_a_killed_replica_cuts_its_clients_promptly_and_its_background_jobs_fail
 
 
 def _served_by(cluster: Cluster, gateway: int, key: str) -> str:
-    """The worker gateway `gateway` sent one request with `key` to (its /metrics), as the tag
-    /health shows it by (/health names no worker id)."""
+    """The worker gateway `gateway` sent one request with `key` to, by the tag its /metrics and
+    /health both show (neither names a worker id)."""
     before = cluster.routed_by_worker(gateway)
     r = httpx.post(cluster.gateway_url(gateway) + "/v1/responses", json={"model": SCRIPTED, "input": "hi", "max_output_tokens": 4, "prompt_cache_key": key, "store": False}, timeout=60)
     assert r.status_code == 200, r.text
     after = cluster.routed_by_worker(gateway)
     grew = [w for w in after if after[w] > before.get(w, 0)]
     assert len(grew) == 1, (before, after)
-    return worker_tag(grew[0])
+    return grew[0]
 
 
 def test_a_killed_worker_leaves_both_replicas_within_the_heartbeat_timeout_and_rejoins_both_scripted(faults):

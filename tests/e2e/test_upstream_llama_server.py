@@ -51,7 +51,7 @@ def llama_server_binary() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from kiln.worker.loading import bundled_model_path
+    from kiln.worker.loading.loader import bundled_model_path
 
     binary = llama_server_binary()
     port = free_port()

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
-from kiln.gateway.workers import WorkerHandle, WorkerPool
+from kiln.gateway.pool.workers import WorkerHandle, WorkerPool
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Generate, Register, TokenCount, decode, encode
 
 MODEL = "kiln-fake"

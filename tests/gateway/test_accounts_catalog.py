@@ -9,7 +9,7 @@ import pytest
 
 from kiln.gateway.accounts.catalog import Catalog, CatalogError
 from kiln.gateway.accounts.money import nanos_to_usd, usd_to_nanos
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "catalog.example.toml"
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from kiln.admin import admin, keys, orgs
 from kiln.gateway.accounts.auth import Authenticator
 from kiln.gateway.accounts.db import Database
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from kiln.gateway.accounts.metering import Meter, UsageRecord, new_generation_id
 from kiln.gateway.accounts.migrations import MIGRATIONS, migrate
 from kiln.gateway.accounts.orgs import create_org, credit_org, get_org, list_orgs
 from kiln.gateway.accounts.schema import metadata
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 POSTGRES_URL = os.environ.get("KILN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 

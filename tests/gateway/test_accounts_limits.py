@@ -9,7 +9,7 @@ import secrets
 import pytest
 
 from kiln.gateway.accounts.limits import InMemoryLimiter
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 
 REDIS_URL = os.environ.get("KILN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -10,15 +10,15 @@ import json
 import anthropic
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
-from kiln.gateway.app import create_app
-from kiln.gateway.doors.anthropic import (
+from kiln.gateway.http.app import create_app
+from kiln.gateway.doors.anthropic.translate import (
     MessageTranslator,
     to_responses_body,
 )
 from kiln.gateway.doors.stop import StopCutter
-from kiln.gateway.errors import ApiError
+from kiln.gateway.http.errors import ApiError
 from kiln.gateway.settings import Settings
-from kiln.gateway.validation import validate_create
+from kiln.gateway.doors.validation import validate_create
 from kiln.protocol import Done, Event, Generate, decode, encode
 from pydantic import TypeAdapter
 

@@ -4,12 +4,12 @@ Responses validator must accept), Responses events -> chat chunks, stop-sequence
 from __future__ import annotations
 
 import pytest
-from kiln.gateway.doors.anthropic import MessageTranslator
-from kiln.gateway.doors.chat import ChatTranslator, chat_usage
-from kiln.gateway.doors.chat_request import translate_chat
+from kiln.gateway.doors.anthropic.translate import MessageTranslator
+from kiln.gateway.doors.chat.framer import ChatTranslator, chat_usage
+from kiln.gateway.doors.chat.request import translate_chat
 from kiln.gateway.doors.stop import StopCutter
-from kiln.gateway.errors import ApiError
-from kiln.gateway.validation import validate_create
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.doors.validation import validate_create
 
 from tests.conformance import assert_component
 

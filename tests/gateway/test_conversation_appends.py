@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from tests.gateway.inprocess import FakePool, bounded, client_for
 from tests.redis_support import drop_namespace, new_namespace, shared_redis_url

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from tests.conformance import assert_error
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
@@ -73,7 +73,7 @@ async def test_store_none_has_no_conversations(tmp_path):
 async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tmp_path):
     """Issue 30 D: with --store none a `conversation` is refused as `previous_response_id` is, so
     no transcript of an organization's prompts is kept, and none can be read or wiped by another."""
-    from kiln.gateway.history import conversation_key
+    from kiln.gateway.lifecycle.history import conversation_key
 
     app, keys = await two_orgs(tmp_path, store_mode="none")
     accounts = app.state.accounts
@@ -84,7 +84,7 @@ async def test_hosted_store_none_keeps_no_transcript_for_another_org_to_reach(tm
             assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter" and r.json()["error"]["param"] == "conversation", r.text
             assert_error(r.json())
             org_id = (await accounts.auth.authenticate(f"Bearer {keys[0]}", None, require_credits=False)).org_id
-            assert await app.state.responses.conversations.get(conversation_key("conv_plan", org_id)) is None
+            assert await app.state.responses.stores.conversations.get(conversation_key("conv_plan", org_id)) is None
             assert (await bounded(c.delete("/v1/conversations/conv_plan", headers=g))).status_code == 404
             assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi", "conversation": "conv_plan"}, headers=g))).status_code == 400
             assert (await bounded(c.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=a))).status_code == 200

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kiln.gateway.advertise import Advertiser
+from kiln.gateway.pool.advertise import Advertiser
 from kiln.protocol.discovery import live_addresses
 from kiln.worker.discovery import RedisDiscovery
 

@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from kiln.gateway.app import create_app
-from kiln.gateway.edge import EdgeMiddleware, host_name, normalize_origin
+from kiln.gateway.http.app import create_app
+from kiln.gateway.http.edge import EdgeMiddleware, host_name, normalize_origin
 from kiln.gateway.settings import Settings
 
 WAIT = 30  # generous bound on every wait; nothing asserts on timing

@@ -1,7 +1,7 @@
 """No client input reaches a 5xx or a hang: each reproduced defect of the hardening issue answers
 400 ``invalid_request_error`` naming the parameter, and leaves no request registered on a worker.
 
-The parser is tested directly (kiln.gateway.body), the routes in-process against a fake worker
+The parser is tested directly (kiln.gateway.http.body), the routes in-process against a fake worker
 pool (tests/gateway/inprocess.py), local and hosted (``--auth keys``) mode.
 """
 
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kiln.gateway.body import MAX_DEPTH, depth_within, parse_json_bytes
-from kiln.gateway.errors import ApiError
-from kiln.gateway.schema_check import MAX_SCHEMA_DEPTH, check_json_schema
+from kiln.gateway.http.body import MAX_DEPTH, depth_within, parse_json_bytes
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.doors.schema_check import MAX_SCHEMA_DEPTH, check_json_schema
 from tests.conformance import assert_error
 from tests.gateway.inprocess import CONTEXT_WINDOW, MODEL, bounded, client_for, hosted_app, local_app
 

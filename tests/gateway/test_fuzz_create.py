@@ -142,7 +142,7 @@ class _Harness:
 
     async def _post(self, path: str, content: bytes):
         response = await self.client.post(path, content=content, headers={"content-type": "application/json", **self.headers})
-        jobs = [job.task for job in list(self.app.state.responses.jobs.active.values()) if job.task is not None]
+        jobs = [job.task for job in list(self.app.state.responses.stores.jobs.active.values()) if job.task is not None]
         if jobs:  # background jobs run on: let them end before looking for leaks
             await asyncio.gather(*jobs, return_exceptions=True)
         return response

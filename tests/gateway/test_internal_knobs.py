@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
-from kiln.gateway.workers import WorkerHandle
+from kiln.gateway.pool.workers import WorkerHandle
 from kiln.protocol import CountTokens, Generate
 from kiln.protocol.request import GenerateRequest
 from tests.gateway.inprocess import MODEL

@@ -29,7 +29,7 @@ THINKING_TEMPLATE = TOOLS_TEMPLATE.replace(
 def tiny_qwen3(tmp_path_factory) -> Path:
     import mlx.core as mx
 
-    from kiln.worker.loading import bundled_model_path
+    from kiln.worker.loading.loader import bundled_model_path
     from tests.worker.tiny_gguf import write_pair
 
     _, md = mx.load(str(bundled_model_path()), return_metadata=True)
@@ -62,7 +62,7 @@ def _gone(pid: int) -> bool:
 def test_two_models_from_one_config(tmp_path, tiny_qwen3):
     from openai import OpenAI
 
-    from kiln.worker.loading import bundled_model_path
+    from kiln.worker.loading.loader import bundled_model_path
 
     config = tmp_path / "kiln.toml"
     config.write_text(f'''

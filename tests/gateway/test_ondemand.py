@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from kiln.gateway.errors import ApiError
-from kiln.gateway.ondemand import ModelLoader
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.pool.ondemand import ModelLoader
 from kiln.gateway.settings import Settings
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.protocol import Register
 from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.control import ControlMessage, ModelExited, ModelStopped, StartModel, StopModel

@@ -7,8 +7,8 @@ import time
 import httpx
 import pytest
 
-from kiln.gateway.errors import ApiError
-from kiln.gateway.workers import KNOWN_MODELS_LIMIT, WorkerPool
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.pool.workers import KNOWN_MODELS_LIMIT, WorkerPool
 from kiln.protocol import PROTOCOL_VERSION, Register
 from tests.conformance import assert_error
 from tests.support import Kiln

@@ -1,7 +1,7 @@
 """Logs are one JSON object per line, quiet by default, and each server error is logged once.
 
 The gateway runs as a real process; a test-only route that raises stands in for a server error
-(the launcher below patches ``create_app``, as ``kiln.gateway.request_log`` does), so the test does
+(the launcher below patches ``create_app``, as ``kiln.gateway.http.request_log`` does), so the test does
 not depend on some request happening to crash the gateway.
 """
 
@@ -21,7 +21,7 @@ from tests.support import Proc, free_port
 LAUNCHER = '''
 import sys
 from starlette.routing import Route
-from kiln.gateway import app as app_module
+from kiln.gateway.http import app as app_module
 from kiln.gateway.cli import main
 
 create_app = app_module.create_app

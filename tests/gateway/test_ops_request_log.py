@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from kiln.gateway.request_log import RequestLogMiddleware, read_log
+from kiln.gateway.http.request_log import RequestLogMiddleware, read_log
 
 
 async def _answer(request):

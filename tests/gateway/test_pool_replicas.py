@@ -15,10 +15,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kiln.gateway import routing
-from kiln.gateway.generation import Generation, GenerationFailed
-from kiln.gateway.response_object import ResponseObject
-from kiln.gateway.workers import WorkerHandle, WorkerPool
+from kiln.gateway.pool import rendezvous
+from kiln.gateway.lifecycle.generation import Generation, GenerationFailed
+from kiln.gateway.lifecycle.response_object import ResponseObject
+from kiln.gateway.pool.workers import WorkerHandle, WorkerPool
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
 from kiln.protocol.request import GenerateRequest
 
@@ -128,7 +128,7 @@ def test_every_replica_sends_a_key_to_the_same_worker():
     assert set(homes.values()) == set(ids)  # and keys spread over the workers
     # A full home sends its keys to the same second choice on every replica.
     key = keys[0]
-    home, second = routing.rank(key, ids, str)[:2]
+    home, second = rendezvous.rank(key, ids, str)[:2]
     for pool in (one, two):
         pool.workers[home.encode()].active = 2
     assert one.pick(MODEL, key).info.worker_id == two.pick(MODEL, key).info.worker_id == second
@@ -176,7 +176,7 @@ async def run_generation(pool: WorkerPool, key: str) -> Generation:
 
 async def test_a_request_refused_as_full_goes_to_another_worker_with_room(pool, ctx):
     full, free = await connect(ctx, pool, "w-full"), await connect(ctx, pool, "w-free")
-    key = next(k for k in (f"key-{n}" for n in range(100)) if routing.rank(k, ["w-full", "w-free"], str)[0] == "w-full")
+    key = next(k for k in (f"key-{n}" for n in range(100)) if rendezvous.rank(k, ["w-full", "w-free"], str)[0] == "w-full")
     seen_full = asyncio.ensure_future(fake_worker(full, refuse))
     seen_free = asyncio.ensure_future(fake_worker(free, serve))
     try:

@@ -9,7 +9,7 @@ import sqlite3
 from typing import Any
 
 from kiln.gateway.accounts.admission import _reservation_tokens
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Done, Generate, decode, encode
 from tests.conformance import assert_error

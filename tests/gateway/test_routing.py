@@ -144,15 +144,17 @@ def test_session_header_routes_like_prompt_cache_key(pair, client):
 
 
 def test_server_default_temperature_applies_only_when_the_request_sets_none(tmp_path):
-    """Not routing, but the same two-process setup: ``--default-temperature`` is what runs (and
-    is echoed) for requests without a temperature; a request's own value wins."""
-    server = Kiln(tmp_path, gateway_args=["--default-temperature", "0.2"], worker_args=["--engine", "scripted"]).start(timeout=60)
+    """Not routing, but the same two-process setup: ``--default-temperature`` and
+    ``--default-frequency-penalty`` are what run (and are echoed) for requests without their own;
+    a request's own value wins (0 included)."""
+    server = Kiln(tmp_path, gateway_args=["--default-temperature", "0.2", "--default-frequency-penalty", "0.5"], worker_args=["--engine", "scripted"]).start(timeout=60)
     try:
         with httpx.Client(base_url=server.base_url, timeout=60) as c:
             plain = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 16}).json()
-            own = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 16, "temperature": 1.3}).json()
+            own = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 16, "temperature": 1.3, "frequency_penalty": 0}).json()
         assert_response(plain)
         assert_response(own)
         assert plain["temperature"] == 0.2 and own["temperature"] == 1.3
+        assert plain["frequency_penalty"] == 0.5 and own["frequency_penalty"] == 0
     finally:
         server.stop()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.gateway.errors import ApiError
-from kiln.gateway.schema_check import MAX_SCHEMA_BYTES, check_json_schema, check_text_format
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.doors.schema_check import MAX_SCHEMA_BYTES, check_json_schema, check_text_format
 
 SCHEMA_FILES = sorted((Path(__file__).resolve().parents[1] / "data" / "schemas").glob("*.json"))
 
@@ -128,7 +128,7 @@ def test_check_json_schema_names_the_param():
 
 
 def test_gateway_module_does_not_import_mlx():
-    code = "import sys, kiln.gateway.schema_check; sys.exit('mlx' in sys.modules)"
+    code = "import sys, kiln.gateway.doors.schema_check; sys.exit('mlx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

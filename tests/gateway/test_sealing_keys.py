@@ -1,5 +1,5 @@
 """The key that seals reasoning across restarts (kiln/state.py) and the two seal formats
-(gateway/sealing.py): signed ``kiln1`` and encrypted ``kiln2`` (AES-256-GCM), in process."""
+(gateway/lifecycle/sealing.py): signed ``kiln1`` and encrypted ``kiln2`` (AES-256-GCM), in process."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import stat
 
 import pytest
 
-from kiln.gateway.compaction import compaction_item, read_compaction
-from kiln.gateway.errors import ApiError
-from kiln.gateway.sealing import SealError, Sealer
+from kiln.gateway.lifecycle.compaction import compaction_item, read_compaction
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.lifecycle.sealing import SealError, Sealer
 from kiln.state import KEY_FILE, StateError, default_data_dir, sealing_key
 
 

@@ -1,4 +1,4 @@
-"""Shutdown stops background tasks (gateway/tasks.py) even when a cancellation is swallowed.
+"""Shutdown stops background tasks (gateway/lifecycle/tasks.py) even when a cancellation is swallowed.
 
 redis-py's pub/sub read swallowed a cancel (where in redis-py was not pinned down): the cancel
 listener stayed ``cancelling`` and read on, and the replica's shutdown waited on it for good (a
@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 
-from kiln.gateway.tasks import stop_tasks
+from kiln.gateway.lifecycle.tasks import stop_tasks
 
 
 async def test_a_task_that_swallows_one_cancel_is_still_stopped():

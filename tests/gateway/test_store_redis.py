@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Cancel, Done, Event, Generate, decode, encode
 from kiln.protocol.request import Message
@@ -219,7 +219,7 @@ async def test_background_job_created_on_a_is_polled_streamed_and_cancelled_on_b
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         assert_response(cancelled.json())
         assert a.pool.cancelled == a.pool.held  # the owner told its worker to stop
-        assert a.service.jobs.active == {}
+        assert a.service.stores.jobs.active == {}
         assert (await a.get(f"/v1/responses/{job['id']}")).json()["status"] == "cancelled"
         events = await bounded(streamed)
         assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
@@ -236,7 +236,7 @@ async def test_finished_event_streams_are_bounded_in_bytes_across_replicas(share
     """Issue 30 item 5 on Redis: a stream beyond its byte bound loses its oldest events, and the
     finished streams together stay within theirs, the oldest dropped first (then read as expired)."""
     async with replicas(*shared) as (a, b):
-        log = a.service.event_buffers
+        log = a.service.stores.events
         log.max_bytes, log.max_total_bytes = 250_000, 1_000_000
         heavy = {"input": "work", "instructions": "x" * 100_000, "background": True}
         ids = []
@@ -271,7 +271,7 @@ async def test_owner_death_fails_its_jobs_within_the_lease(shared):
     async with replicas(*shared, responses_background_lease_secs=lease) as (a, b):
         job = await a.create(input="hold", background=True)
         await _wait(lambda: a.pool.held)
-        await a.service.jobs.close()  # A stops renewing (and sweeping): as if it died
+        await a.service.stores.jobs.close()  # A stops renewing (and sweeping): as if it died
         stopped = time.monotonic()
         failed = await _poll(b, job["id"], until=frozenset({"failed"}), timeout=lease * 5)
         took = time.monotonic() - stopped

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from kiln.gateway import truncation
-from kiln.gateway.errors import ApiError
-from kiln.gateway.validation import validate_create
+from kiln.gateway.lifecycle import truncation
+from kiln.gateway.http.errors import ApiError
+from kiln.gateway.doors.validation import validate_create
 from tests.conformance import assert_error, assert_response
 from tests.support import Kiln
 

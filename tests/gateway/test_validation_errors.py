@@ -6,6 +6,8 @@ because no case here reaches generation.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.conformance import assert_error
@@ -102,3 +104,6 @@ def test_metrics_endpoint(scripted_http):
     assert 'kiln_tokens_total{direction="output"}' in text
     assert "kiln_worker_cache_hit_ratio{" in text and "kiln_worker_queue_depth{" in text
     assert "kiln_worker_decode_tokens_total{" in text and "kiln_worker_accepted_draft_tokens_total{" in text
+    # Workers are labelled by the tag /health shows, never by their id (a rogue would claim it).
+    labels = set(re.findall(r'kiln_worker_requests_total\{[^}]*worker="([^"]+)"', text))
+    assert labels and labels == {w["tag"] for w in scripted_http.get("/health").json()["workers"]}

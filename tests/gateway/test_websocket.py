@@ -16,9 +16,9 @@ import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
-from kiln.gateway.store.connection import ConnectionState
+from kiln.gateway.doors.websocket.connection_state import ConnectionState
 from kiln.protocol import Generate
 from tests.conformance.websocket import assert_ws_error, assert_ws_turn
 from tests.gateway.inprocess import MODEL, FakePool, hosted_app, local_app
@@ -137,6 +137,64 @@ def test_warm_up_is_a_completed_response_without_output(local):
         assert_ws_turn(_turn(ws, input=[], previous_response_id=done["id"], store=False))
 
 
+class SlowPrefillPool(FakePool):
+    """A fake worker whose warm-up prefill (a one-token request) takes ``prefill_s``: it reports the
+    prompt's size at its first prefilled chunk, as the real worker does, and ends later."""
+
+    prefill_s = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, float]] = []
+
+    async def _send(self, identity, message):
+        from kiln.protocol import Done, Event
+        from kiln.protocol.codec import decode, encode
+
+        message = decode(encode(message))
+        if isinstance(message, Generate) and message.request.sampling.max_output_tokens == 1:
+            loop = asyncio.get_running_loop()
+            self.log.append(("warm-up sent", loop.time()))
+
+            async def prefill() -> None:
+                await self._dispatch(identity, Event(message.req_id, [], {"input_tokens": 1300, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0}))
+                await asyncio.sleep(self.prefill_s)
+                self.log.append(("warm-up done", loop.time()))
+                await self._dispatch(identity, Done(message.req_id, "incomplete", {"input_tokens": 1300, "output_tokens": 1}, {"reason": "max_output_tokens"}))
+
+            asyncio.ensure_future(prefill())
+            return
+        if isinstance(message, Generate):
+            self.log.append(("turn sent", asyncio.get_running_loop().time()))
+        await super()._send(identity, message)
+
+
+def test_a_slow_warm_up_is_answered_early_and_its_turn_waits_for_the_prefill(monkeypatch):
+    """Issue 28 item 6: Codex drops a socket whose warm-up has not answered within 15 s of opening
+    it. A warm-up still prefilling after WARM_UP_ANSWER_S is answered completed (no output, the
+    input usage reported so far); the continuation on the socket reaches the worker only once the
+    prefill is done, so it starts on the cached prompt."""
+    from kiln.gateway.doors.websocket import routes as route
+
+    monkeypatch.setattr(route, "WARM_UP_ANSWER_S", 0.1)
+    pool = SlowPrefillPool()
+    app = create_app(Settings(), pool=pool)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL) as ws:
+            frames = _turn(ws, input="a long agent prompt", generate=False, store=False)
+            assert_ws_turn(frames)
+            done = frames[-1]["response"]
+            assert frames[-1]["type"] == "response.completed" and done["output"] == []
+            assert done["usage"]["input_tokens"] == 1300 and done["usage"]["output_tokens"] == 0
+            assert [name for name, _ in pool.log] == ["warm-up sent"]  # answered mid-prefill
+            turn = _turn(ws, input=[], previous_response_id=done["id"], store=False)
+            assert_ws_turn(turn)
+            assert turn[-1]["response"]["status"] == "completed"
+    names = [name for name, _ in pool.log]
+    assert names == ["warm-up sent", "warm-up done", "turn sent"], names
+    assert not pool.leaked()
+
+
 def test_off_switch_answers_426():
     app, _ = local_app(websocket="off")
     with TestClient(app, base_url="http://127.0.0.1") as client:
@@ -215,7 +273,7 @@ async def test_hosted_upgrade_needs_a_key_and_each_turn_is_one_ledger_row(tmp_pa
 async def test_hosted_turn_beyond_the_orgs_concurrency_gets_429_and_the_socket_idles_without_a_slot(tmp_path):
     """The slot is taken per turn: while the organization's other work holds every slot a turn
     gets a 429 error frame (socket still usable); an open, idle socket holds none."""
-    from kiln.gateway.errors import ApiError
+    from kiln.gateway.http.errors import ApiError
 
     app, _, key = await hosted_app(tmp_path)
     await app.state.accounts.close()

@@ -23,7 +23,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kiln.gateway.workers import UsageLimits, WorkerPool, usage_violation
+from kiln.gateway.pool.workers import UsageLimits, WorkerPool, usage_violation
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
 from kiln.protocol.request import GenerateRequest, Sampling
 from kiln.protocol.security import SecretError, derive_keys, is_local_endpoint, load_secret, secure_worker_socket
@@ -128,7 +128,7 @@ async def test_only_a_worker_with_the_secret_registers(secured_pool):
 
 async def test_a_wrong_secret_is_refused_with_one_warning_not_a_flood(secured_pool, caplog):
     pool, ctx = secured_pool
-    caplog.set_level(logging.WARNING, logger="kiln.gateway.workers")
+    caplog.set_level(logging.WARNING, logger="kiln.gateway.pool.workers")
     wrong = dealer(ctx, pool.bind, secret=OTHER)
     await wrong.send(encode(register("intruder")))
     # It keeps reconnecting (every ~100 ms); wait until the gateway refused it several times.
@@ -142,7 +142,7 @@ async def test_a_wrong_secret_is_refused_with_one_warning_not_a_flood(secured_po
 async def test_knowing_the_gateway_key_is_not_enough(secured_pool, caplog):
     """A client that has the gateway's public key but not the workers' keypair fails at ZAP."""
     pool, ctx = secured_pool
-    caplog.set_level(logging.WARNING, logger="kiln.gateway.workers")
+    caplog.set_level(logging.WARNING, logger="kiln.gateway.pool.workers")
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     public, secret = zmq.curve_keypair()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Failed, Generate
 from tests.conformance import assert_error

@@ -1,4 +1,4 @@
-"""Every door reaches the worker through one typed request (gateway/worker_request.py).
+"""Every door reaches the worker through one typed request (gateway/pool/worker_request.py).
 
 In process, against a fake worker pool that records what it was sent after a msgpack round trip
 (what a real worker would decode): the Responses API over HTTP and WebSocket, Chat Completions,
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.gateway.app import create_app
+from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Compact, CountTokens, Generate, decode, encode
 from kiln.protocol.request import ContentPart, FunctionCall, FunctionCallOutput, GenerateRequest, Message, Sampling, ToolChoice

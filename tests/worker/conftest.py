@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
-    from kiln.worker.loading import bundled_model_path
+    from kiln.worker.loading.loader import bundled_model_path
 
     return bundled_model_path()
 
@@ -31,7 +31,7 @@ def gguf_tokenizer(gguf_path):
 @pytest.fixture(scope="session")
 def gguf_model():
     """The bundled model as load_model(None) gives it (dequantized to float32 on the CPU)."""
-    from kiln.worker.loading import load_model
+    from kiln.worker.loading.loader import load_model
 
     return load_model(None)
 

@@ -32,7 +32,7 @@ def rss_mb():
     with open("/proc/self/status") as fh:
         return next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:")) / 1024
 from mlx.utils import tree_flatten
-from kiln.worker.loading import load_model
+from kiln.worker.loading.loader import load_model
 def load(weights):
     started = time.perf_counter()
     loaded = load_model(sys.argv[1], weights=weights)
@@ -63,7 +63,7 @@ def main() -> None:
 
     import mlx.core as mx
 
-    from kiln.worker.loading import bundled_model_path
+    from kiln.worker.loading.loader import bundled_model_path
 
     from .tiny_gguf import write_pair
 

@@ -22,7 +22,7 @@ from kiln.worker.engine.cache import PrefixCache
 from kiln.worker.engine.layout import choose_weight_layout
 from kiln.worker.engine.native_decode import NativeDecoder
 from kiln.worker.loading.device import cast_floating, dequantize_modules
-from kiln.worker.native import cpu_kernels
+from kiln.worker.native.build import cpu_kernels
 
 VOCAB = 256
 
@@ -573,6 +573,7 @@ def test_queue_full_and_validation(make_scheduler):
     stats = s.stats()
     assert stats["queued"] == 3 and stats["active"] == 0
     assert set(stats) == {"active", "queued", "cache_hits", "cache_lookups", "cached_tokens_total", "cache_bytes",
+                          "mlx_active_bytes", "mlx_cache_bytes", "mlx_peak_bytes",
                           "decode_row_steps", "decode_tokens", "speculative_steps", "draft_tokens", "accepted_draft_tokens"}  # fmt: skip
 
 

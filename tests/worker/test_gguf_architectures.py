@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from kiln.worker.loading import load_model
+from kiln.worker.loading.loader import load_model
 from kiln.worker.loading.gguf import UnsupportedModelError
 
 from .tiny_gguf import CONFIGS, greedy, write_pair
@@ -139,9 +139,9 @@ def test_rope_freqs_built_while_loading_runs_on_the_engine_thread():
 
     import mlx.core as mx
 
-    from kiln.worker.loading.gguf import _FactorRoPE
+    from kiln.worker.loading.gguf import FactorRoPE
 
-    rope = _FactorRoPE(8, 10000.0, mx.ones(4) * 2)
+    rope = FactorRoPE(8, 10000.0, mx.ones(4) * 2)
     out: dict[str, object] = {}
 
     def engine_thread() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.worker.loading import load_model
+from kiln.worker.loading.loader import load_model
 from kiln.worker.loading.gguf_vocab import UnsupportedTokenizerError, build_hf_tokenizer
 
 from .tiny_gguf import greedy, write_pair

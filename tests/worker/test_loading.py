@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from kiln.worker.loading import BUNDLED_MODEL_ID, ModelNotFoundError, load_model
+from kiln.worker.loading.errors import ModelNotFoundError
+from kiln.worker.loading.loader import BUNDLED_MODEL_ID, load_model
 from kiln.worker.loading.chat_template import ChatTemplateError, render_chat_template
 
 TRICKY_TEXTS = [

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kiln.worker.loading import load_model
+from kiln.worker.loading.loader import load_model
 from kiln.worker.loading.gguf_header import read_header
 from kiln.worker.memory_report import log_memory, memory_report
 

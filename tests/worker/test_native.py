@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kiln.worker.native import cpu_kernels
+from kiln.worker.native.build import cpu_kernels
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_without_kernels_the_worker_keeps_float32(monkeypatch, tmp_path, setting
     become plain float32 layers (the worker's float32 path) instead of failing."""
     import mlx.nn as nn
 
-    from kiln.worker import native
+    from kiln.worker.native import build as native
     from kiln.worker.loading.device import dequantize_modules
 
     monkeypatch.setenv("KILN_NATIVE_CACHE", str(tmp_path))
@@ -79,7 +79,7 @@ def test_without_kernels_the_worker_keeps_float32(monkeypatch, tmp_path, setting
 def test_forced_portable_takes_the_baseline_build(monkeypatch, tmp_path):
     """KILN_NATIVE_PORTABLE=1 takes the build without -march flags (what a CPU without the fast
     instructions gets), with float32 activations."""
-    from kiln.worker import native
+    from kiln.worker.native import build as native
 
     if native._compiler() is None:
         pytest.skip("no C compiler")
@@ -97,7 +97,7 @@ def test_builds_that_fail_or_do_not_run_here_are_passed_over(monkeypatch, tmp_pa
     """A variant that does not compile, or whose self-test fails in the child process (a CPU
     without its instructions: the CPUID check refuses, or SIGILL kills the child), is passed
     over for the next, down to the portable build; the worker never runs it."""
-    from kiln.worker import native
+    from kiln.worker.native import build as native
 
     if native._compiler() is None:
         pytest.skip("no C compiler")
@@ -137,7 +137,7 @@ def tokenizer_md(gguf_path):
 
 @pytest.fixture(scope="module", params=[(a, q) for a in ARCHS for q in QUANTS], ids=lambda p: "-".join(p))
 def loader_model(request, tmp_path_factory, tokenizer_md, kernel):
-    from kiln.worker.loading import load_model
+    from kiln.worker.loading.loader import load_model
 
     from .tiny_gguf import write_pair
 
@@ -256,7 +256,7 @@ def portable_kernel():
     """The portable build, as a CPU without AVX2/VNNI/dotprod gets it (KILN_NATIVE_PORTABLE=1)."""
     import os
 
-    from kiln.worker import native
+    from kiln.worker.native import build as native
 
     saved = os.environ.get(native.PORTABLE_ENV)
     os.environ[native.PORTABLE_ENV] = "1"

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
 
-from kiln.worker import native
+from kiln.worker.native import build as native
 
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
 # Byte offsets of each type's float16 block fields (d, and m / dmin where the type has one).
@@ -118,6 +118,26 @@ def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qty
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", ["random", "max", "min", "zero", "zeros", "ones"])
+@pytest.mark.parametrize("rows", [16, 45, 200])
+def test_prefill_gemm_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows):
+    """The GEMM a prefill chunk's products take (gemm.c, where the build has it): within the same
+    bound as the column loops above, over whole and partial tiles of 16 columns and 8 rows."""
+    rng = np.random.default_rng(3 + rows)
+    k = 512
+    b = blocks(rng, qtype, 37, k, scales)
+    w = quants.dequantize(b, qtype).astype(np.float64)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[-1, 32:64] *= 1e4
+    y = kernel.ggml_gemm(x, b, int(qtype), k).astype(np.float64)
+    xr, d = rounded(x)
+    slack = 1e-5 * (np.abs(xr) @ _block_bound(b, qtype, k).T) + 1e-30
+    assert np.all(np.abs(y - xr @ w.T) <= slack)
+    assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= slack + (d / 2) @ np.abs(w).T * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 8, 11])
 def test_exact_product_is_dequantize_then_multiply(kernel, qtype, rows):
     """The float32 product mlx's forward pass takes for a few rows: the reference product up to
@@ -150,13 +170,13 @@ def tokenizer_md(gguf_path):
     return md
 
 
-def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12):
-    from kiln.worker.loading import load_model
+def _load(tmp_path, tokenizer_md, case: str, quant: str, k_types=(Q.Q4_K, Q.Q6_K), k_scale: float = 2.0**-12, rope_factors=None):
+    from kiln.worker.loading.loader import load_model
 
     from .tiny_gguf import CONFIGS, write_pair
 
     cfg = dict(CONFIGS[case], **_SHAPE)
-    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale)
+    gguf_file, _ = write_pair(case, quant, tokenizer_md, tmp_path, config=cfg, k_types=k_types, k_scale=k_scale, rope_factors=rope_factors)
     return load_model(str(gguf_file))
 
 
@@ -231,6 +251,44 @@ def test_model_in_each_type_matches_mlx_step_by_step(tmp_path, tokenizer_md, qua
         step = mx.array(ref[:, -1].argmax(-1)[:, None])
 
 
+def test_rope_freqs_file_takes_the_native_path(tmp_path, tokenizer_md, monkeypatch):
+    """A Llama 3-style Q4_K_M file with a ``rope_freqs`` tensor (factors that change every
+    rotation but the fastest) decodes on the native pass: its build check against mlx's forward
+    pass (the factors applied through mx.fast.rope) passes, and the pass's logits equal mlx's
+    step by step. A pass that rotated by the plain frequencies instead is refused by the same
+    check, so the check sees the factors."""
+    from kiln.worker.engine import native_decode
+    from kiln.worker.engine.native_decode import INT8, NativeDecoder
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.loading.gguf import FactorRoPE
+
+    from .test_native import prefilled, prompts_for
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    half = _SHAPE["head_dim"] // 2
+    factors = np.geomspace(1.0, 40.0, half).astype(np.float32)  # Llama 3's range: 1 to ~32
+    model = _load(tmp_path, tokenizer_md, "llama", "K", rope_factors=factors).model
+    assert all(type(layer.self_attn.rope) is FactorRoPE for layer in model.model.layers)
+    decoder = NativeDecoder.build(model)
+    assert decoder is not None and "GGUF blocks: Q4_K x" in decoder.blocks
+    vocab = model.model.embed_tokens.num_embeddings
+    prompts = prompts_for(2, vocab)
+    ref_cache, ours_cache = prefilled(model, prompts), prefilled(model, prompts)
+    step = mx.array([[(5 * r + 7 * t + 3) % vocab for t in range(2)] for r in range(2)])
+    for _ in range(4):
+        ref = np.array(model(step, cache=ref_cache))
+        assert INT8.agree(decoder.forward(step, ours_cache), ref)
+        step = mx.array(ref[:, -1].argmax(-1)[:, None])
+
+    def plain(rope):
+        half = rope.dims // 2
+        return 10000.0 ** (-np.arange(half, dtype=np.float64) / half), True
+
+    monkeypatch.setattr(native_decode, "rope_frequencies", plain)
+    assert NativeDecoder.build(model) is None
+
+
 # Files as llama-quantize mixes them (quant, the K types per layer; the embedding and head Q6_K
 # where it is one of them, as in Q4_K_M / Q5_K_M files), and what each kept type's product is.
 FILES = {
@@ -243,9 +301,10 @@ FILES = {
 def test_file_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md, kind):
     """End to end in the engine, with the worker's own choice of what stays blocks: every
     quantized matrix of the file stays its blocks (nothing converted), the scheduler takes the
-    native pass for it, a short prompt prefills natively, a long one in chunks through mlx
-    (dequantized pieces), and each first greedy token is mlx's, or one within the build check's
-    INT8 margin of it (a random model's near tie that 8-bit activations may flip)."""
+    native pass for it, a short prompt prefills natively, a long one in chunks (natively where
+    the build has the GEMM, else through mlx's dequantized pieces), and each first greedy token
+    is mlx's, or one within the build check's INT8 margin of it (2.5x that after a chunked
+    prefill): a random model's near tie that 8-bit activations may flip."""
     from kiln.worker.engine.native_decode import INT8
     from kiln.worker.engine.scheduler import Scheduler
     from kiln.worker.loading.device import keeps_gguf_blocks
@@ -266,10 +325,12 @@ def test_file_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenize
     try:
         prompts = [[(7 * j + 1) % vocab for j in range(9)], [(13 * j + 5) % vocab for j in range(300)]]
         runs = [Run(p, temperature=0, max_tokens=6).submit(s) for p in prompts]
-        for p, r in zip(prompts, runs):
+        for p, r, margin in zip(prompts, runs, (INT8.decided, 2.5 * INT8.decided)):
             assert len(r.wait(timeout=300).tokens) == 6
             logits = np.array(model(mx.array([p]))[0, -1])
-            assert logits[r.tokens[0]] >= logits.max() - INT8.decided
+            # The long prompt's five chunks each round their activations to 8 bits (the GEMM's
+            # prefill): a wider margin than one pass's.
+            assert logits[r.tokens[0]] >= logits.max() - margin
         assert s._batch.native is not None
         assert all(f"{t} x" in s._batch.native.blocks for t in stored)
     finally:
@@ -286,3 +347,52 @@ def test_q4_1_file_keeps_the_affine_layout(tmp_path, tokenizer_md):
         pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
     loaded = _load(tmp_path, tokenizer_md, "llama", "Q4_1")
     assert loaded.info.extra["conversions"] == {"Q4_1": "affine 4-bit g32"}
+
+
+def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path, tokenizer_md, monkeypatch):
+    """A prompt longer than a chunk, on a Q4_K_M-style file: every chunk goes through the native
+    pass (its GEMM), none through mlx's forward pass, and the request's first token is mlx-lm's."""
+    from kiln.worker.engine import prefill as prefill_module
+    from kiln.worker.engine.native_decode import NativeDecoder
+    from kiln.worker.engine.scheduler import Scheduler
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.native.build import cpu_kernels
+
+    from .test_engine import Run, reference
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.gemm:
+        pytest.skip("this build has no prefill GEMM: long prompts go through mlx")
+    model = _load(tmp_path, tokenizer_md, "llama", "K").model
+    vocab = model.model.embed_tokens.num_embeddings
+    prompt = [(11 * j + 3) % vocab for j in range(300)]
+    expected = reference(model, prompt, 1)[0]
+    native_chunks: list[int] = []
+    mlx_chunks: list[int] = []
+    original_prefill, original_run_chunk = NativeDecoder.prefill, prefill_module.Prefill.run_chunk
+
+    def recording_prefill(self, tokens, cache):
+        native_chunks.append(int(np.asarray(tokens).size))
+        return original_prefill(self, tokens, cache)
+
+    def recording_run_chunk(self, model, native=None):
+        done = original_run_chunk(self, model, native)
+        if self.native_cache is None:
+            mlx_chunks.append(done)
+        return done
+
+    monkeypatch.setattr(NativeDecoder, "prefill", recording_prefill)
+    monkeypatch.setattr(prefill_module.Prefill, "run_chunk", recording_run_chunk)
+    s = Scheduler(model, cache_bytes=0, max_batch=4, prefill_chunk=64)
+    s.start()
+    try:
+        run = Run(prompt, temperature=0, max_tokens=2).submit(s)
+        assert len(run.wait(timeout=300).tokens) == 2
+        assert s._native is not None and s._native.prefill_rows > 0
+    finally:
+        s.stop()
+    # 299 prompt tokens (the last is the decode step's): four chunks of 64, then the last 43.
+    assert native_chunks == [64, 64, 64, 64, 43] and mlx_chunks == []
+    assert run.tokens[0] == expected

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.worker import native
+from kiln.worker.native import build as native
 
 DRIVER = Path(__file__).with_name("native_driver.c")
 SKIPPED = 77  # the driver's exit status where the CPU lacks the build's instructions

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.worker.engine.native_decode import NativeDecoder
 from kiln.worker.engine.native_verdict import RECHECK_ENV, CheckSource, VerdictStore, build_checked
-from kiln.worker.native import cpu_kernels
+from kiln.worker.native.build import cpu_kernels
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def checks(monkeypatch):
 
 def _start(path):
     """What a worker start does: load the model, build the native pass."""
-    from kiln.worker.loading import load_model
+    from kiln.worker.loading.loader import load_model
 
     return load_model(str(path)).model
 

@@ -5,7 +5,7 @@ e2e first-run test shows the bundled model registering under exactly these names
 from __future__ import annotations
 
 from kiln.worker.cli import served_names
-from kiln.worker.loading import BUNDLED_MODEL_ID, model_names
+from kiln.worker.loading.loader import BUNDLED_MODEL_ID, model_names
 from kiln.worker.settings import WorkerSettings
 
 

@@ -68,7 +68,8 @@ def _validator(schema: dict) -> jsonschema.Validator:
 
 
 def _gguf_path() -> Path:
-    from kiln.worker.loading import ModelNotFoundError, bundled_model_path
+    from kiln.worker.loading.errors import ModelNotFoundError
+    from kiln.worker.loading.loader import bundled_model_path
 
     try:
         return bundled_model_path()
@@ -99,7 +100,7 @@ def token_lengths(compiler) -> np.ndarray:
 @pytest.fixture(scope="module")
 def model():
     """The bundled model, in the weight format that decodes fastest in this process."""
-    from kiln.worker.loading import load_model
+    from kiln.worker.loading.loader import load_model
     from kiln.worker.loading.blas import preloaded_openblas
 
     _gguf_path()

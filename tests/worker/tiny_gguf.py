@@ -178,7 +178,8 @@ def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...], k
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
                config: Mapping[str, Any] | None = None, unreadable: str | None = None,
                tokenizer_model: str | None = None, chat_template: str | None = None,
-               k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K), k_scale: float = 2.0**-9) -> tuple[Path, Path]:  # fmt: skip
+               k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K), k_scale: float = 2.0**-9,
+               rope_factors: np.ndarray | None = None) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
     `tokenizer_md` holds `tokenizer.*` keys as mx.load or tiny_spm gives them.
@@ -187,7 +188,9 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
     `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one);
     `chat_template` replaces the GGUF's (a tools-rendering ChatML one by default);
     `k_types` are the K types quant "K" cycles through, one per layer (the embedding and output
-    take Q6_K where it is one of them); `k_scale` is their super-block scale.
+    take Q6_K where it is one of them); `k_scale` is their super-block scale;
+    `rope_factors` (head_dim / 2,) is written as Llama 3's `rope_freqs` tensor (the GGUF only: the
+    folder's model keeps plain RoPE).
     """
     import importlib
 
@@ -234,6 +237,8 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
         if gguf_name == unreadable:  # 40 bytes per 32 weights
             on_disk, qtype = np.zeros((*w.shape[:-1], w.shape[-1] // 32 * 40), np.uint8), Q.Q8_1
         writer.add_tensor(gguf_name, on_disk, raw_dtype=qtype)
+    if rope_factors is not None:
+        writer.add_tensor("rope_freqs.weight", np.ascontiguousarray(rope_factors, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -12,7 +12,8 @@ extraction and the prefill path (all mlx) see exactly the cache they always did.
 
 It handles mlx-lm's ``llama`` (SmolLM2, Llama, Mistral), ``qwen2`` (q/k/v biases) and
 ``qwen3`` (per-head q/k norms) models when every projection and the output head are packed and
-RoPE is the plain kind (traditional or not); anything else decodes through mlx as before.
+RoPE is mlx's plain kind (traditional or not) or Llama 3's ``rope_freqs`` (FactorRoPE); anything
+else decodes through mlx as before.
 ``build`` checks the pass against mlx's forward pass on the real weights before it is used
 (see ``Tolerance``), so a model that only looks alike is refused rather than decoded wrongly.
 """
@@ -30,9 +31,10 @@ import numpy as np
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache
 
+from ..loading.gguf import FactorRoPE
 from ..loading.ggml_blocks import GGMLEmbedding, GGMLLinear, GGMLWeights, ggml_weights
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
-from ..native import CpuKernels
+from ..native.build import CpuKernels
 from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,10 @@ _MODELS = (llama.Model, qwen2.Model, qwen3.Model)
 _MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 # Rows x new tokens of one call; decode batches are at most the scheduler's batch size.
 MAX_TOKENS = 256
+# Tokens of one long prompt's chunk that the pass takes where its products of a GGUF's blocks
+# go through the GEMM (worker/native/gemm.c): 512 rows keep the cost of decoding each column
+# tile of the weights small beside multiplying it, for ~90 MB of scratch on a 1B model.
+PREFILL_TOKENS = 512
 # decode.c's mask of the products that take 8-bit activations (q/k/v 1, o 2, gate/up 4, down 8,
 # head 16): all of them.
 _INT8_ALL = 31
@@ -135,7 +141,7 @@ def _layer(block: nn.Module, eps: float) -> _Layer | None:
     """A transformer block's parts as the native pass uses them, or None if it differs from the
     llama/Qwen2/Qwen3 block in a way the pass does not handle."""
     attn, mlp = block.self_attn, block.mlp
-    if type(mlp) not in _MLPS or type(attn.rope) is not nn.RoPE:
+    if type(mlp) not in _MLPS or rope_frequencies(attn.rope) is None:
         return None
     projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
     parts = [_packed(m) for m in projections]
@@ -155,6 +161,22 @@ def _layer(block: nn.Module, eps: float) -> _Layer | None:
     if attn.rope.dims * attn.n_heads != parts[0].out_dims or attn.rope.dims % 2 or attn.n_heads % attn.n_kv_heads:
         return None
     return _Layer(np.asarray(norms[0].weight), np.asarray(norms[1].weight), *parts, qkv_bias=qkv_bias, qk_norm=qk_norm)
+
+
+def rope_frequencies(rope: nn.Module) -> tuple[np.ndarray, bool] | None:
+    """The RoPE module's angle per position of each rotated pair (float64, what the pass
+    multiplies positions by) and whether pairs are adjacent (traditional), or None for a kind
+    the pass does not take. mlx's plain RoPE turns pair i by scale * base^(-i / half); Llama 3's
+    ``rope_freqs`` files (FactorRoPE) by 1 / wavelength_i, the factors already in the wavelengths."""
+    if type(rope) is nn.RoPE:
+        half = rope.dims // 2
+        return rope.scale * rope.base ** (-np.arange(half, dtype=np.float64) / half), bool(rope.traditional)
+    if type(rope) is FactorRoPE:
+        wavelengths = np.asarray(rope.wavelengths, dtype=np.float64)
+        if wavelengths.shape != (rope.dims // 2,) or not np.all(np.isfinite(wavelengths) & (wavelengths > 0)):
+            return None
+        return 1.0 / wavelengths, True
+    return None
 
 
 def _weights(p: Weights, bias: np.ndarray | None = None) -> QuantizedWeights:
@@ -189,12 +211,16 @@ class NativeDecoder:
         # Products of GGUF blocks always take 8-bit activations: then so does the check.
         self.blocks = _blocks_line(layers, head, inner.embed_tokens)
         self._kernels: CpuKernels = head.kernel
+        # A long prompt's chunk this pass takes (0: long prompts go through mlx): with a GGUF's
+        # blocks and the GEMM, the pass's products beat mlx's (dequantized pieces through BLAS).
+        self.prefill_rows = PREFILL_TOKENS if self.blocks and self._kernels.gemm else 0
         self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
         self._vocab = _vocab(inner.embed_tokens)
         rope = attn.rope
-        half = rope.dims // 2
-        self._inv_freq = rope.scale * rope.base ** (-np.arange(half, dtype=np.float64) / half)
+        frequencies = rope_frequencies(rope)
+        assert frequencies is not None  # _layer took only RoPE kinds it knows
+        self._inv_freq, traditional = frequencies
         embed_blocks = ggml_weights(inner.embed_tokens)
         self._embedding = None if embed_blocks is not None else floats(np.asarray(inner.embed_tokens.weight))
         self._embed_q = _weights(embed_blocks) if embed_blocks is not None else QuantizedWeights()
@@ -214,7 +240,7 @@ class NativeDecoder:
         self._head = _weights(head)
         self._model = Model(
             len(layers), self._final_norm.shape[0], layers[0].gate.out_dims, self._heads, self._kv_heads,
-            self._head_dim, self._vocab, int(rope.traditional), inner.norm.eps, attn.scale,
+            self._head_dim, self._vocab, int(traditional), inner.norm.eps, attn.scale,
             self._inv_freq.ctypes.data, None if self._embedding is None else self._embedding.ctypes.data,
             self._final_norm.ctypes.data, self._head, self._layer_array, self._embed_q,
         )  # fmt: skip
@@ -311,8 +337,8 @@ class NativeDecoder:
         mx.eval(first.offset, first.left_padding, [(c.keys, c.values) for c in cache if c.keys is not None])
         ids = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
         rows, new = ids.shape
-        if rows * new > self.max_rows:
-            raise ValueError(f"{rows} x {new} tokens is more than the native pass takes at once ({self.max_rows})")
+        if rows * new > max(self.max_rows, self.prefill_rows):
+            raise ValueError(f"{rows} x {new} tokens is more than the native pass takes at once ({max(self.max_rows, self.prefill_rows)})")
         idx = first._idx
         if any(c._idx != idx for c in cache):
             raise ValueError("the layers' caches disagree on their length")
@@ -325,10 +351,11 @@ class NativeDecoder:
         out_rows = rows * new if head_rows == 2 else rows if head_rows == 1 else 0
         logits = np.empty((max(out_rows, 1), self._vocab), np.float32)
         model = ctypes.byref(self._model)
-        need = self._lib.kiln_forward_work(model, rows * new, idx + new)
-        if self._work.size < need:
-            self._work = np.empty(need, np.float32)
         with self._kernels.forward_pass(rows * new):
+            # Sized inside: the scratch holds a row of attention scores per thread of this pass.
+            need = self._lib.kiln_forward_work(model, rows * new, idx + new)
+            if self._work.size < need:
+                self._work = np.empty(need, np.float32)
             status = self._lib.kiln_forward(
                 model, table.ctypes.data, rows, new, ids.ctypes.data, positions.ctypes.data, start.ctypes.data,
                 idx, head_rows, _INT8_ALL if self.int8 else 0, logits.ctypes.data, self._work.ctypes.data,

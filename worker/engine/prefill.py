@@ -17,12 +17,17 @@ row produces the first output token.
 On the CPU, a group whose remainders are all the same length (one request alone, always) goes
 through the native forward pass (native_decode.py) instead of mlx: with 8-bit activations and
 integer dot products it did a 78-token prompt in ~0.6x the CPU time of mlx with OpenBLAS.
-Long prompts' chunks go through mlx, whose attention softmax and SiLU use cpu_exp.py's exp there.
+A long prompt's chunks go through the native pass too where it reads a GGUF's blocks with its
+GEMM (``NativeDecoder.prefill_rows``; chunks of at most that many tokens, into a one-row batch
+cache kept across chunks): mlx would dequantize the blocks piece by piece for BLAS, ~2x
+llama-server's time to first token on a 1,000-token prompt. Elsewhere they go through mlx, whose
+attention softmax and SiLU use cpu_exp.py's exp there.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
@@ -52,6 +57,9 @@ class Prefill:
         self.cached = 0  # of which served by the prefix cache
         self.solo = False  # set after a batched pass containing it failed: retry alone
         self.sampler: Sampler | None = None  # made when it begins, so a bad one fails it alone
+        # The native pass's one-row batch cache once a chunk went through it (then it, not
+        # .cache, holds the prompt's KV: .cache keeps only what the prefix cache gave).
+        self.native_cache: list[BatchKVCache] | None = None
 
     @property
     def begun(self) -> bool:
@@ -72,16 +80,25 @@ class Prefill:
 
     @property
     def short(self) -> bool:
-        """Whether the rest fits one pass that may be batched with other requests."""
-        return self.remaining <= min(SHORT_PREFILL, self.chunk)
+        """Whether the rest fits one pass that may be batched with other requests (not once the
+        native pass holds the prompt's KV: its last chunk goes there too)."""
+        return self.native_cache is None and self.remaining <= min(SHORT_PREFILL, self.chunk)
 
     def next_chunk(self) -> int:
         """Size of the next chunk; chunk boundaries depend only on this request."""
         return min(self.chunk, self.remaining)
 
-    def run_chunk(self, model: nn.Module) -> int:
-        """Push the next chunk through the model (KV only, no logits); tokens done."""
+    def run_chunk(self, model: nn.Module, native: NativeDecoder | None = None) -> int:
+        """Push the next chunk through the model (KV only, no logits); tokens done. Through
+        ``native`` where it takes long prompts' chunks (its prefill_rows)."""
         n = self.next_chunk()
+        if native is not None and native.prefill_rows and (self.native_cache is not None or self.pos == self.cached):
+            n = min(n, native.prefill_rows)
+            if self.native_cache is None:
+                self.native_cache = [c.merge([c]) for c in self.cache]
+            native.prefill(np.array([self.req.prompt[self.pos : self.pos + n]], dtype=np.int32), self.native_cache)
+            self.pos += n
+            return n
         tokens = mx.array(self.req.prompt[self.pos : self.pos + n], dtype=mx.uint32)
         model(tokens[None], cache=self.cache)  # logits stay lazy and are never computed
         mx.eval([c.state for c in self.cache])
@@ -90,6 +107,8 @@ class Prefill:
 
     def batch_cache(self) -> list[BatchKVCache]:
         """This request's cache as a one-row batch cache, ready to join the decode batch."""
+        if self.native_cache is not None:
+            return self.native_cache
         return [c.merge([c]) for c in self.cache]
 
 

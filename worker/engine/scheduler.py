@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..native import claim_team
+from ..native.build import claim_team
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
 from . import cpu_exp
@@ -39,6 +39,7 @@ from .layout import choose_weight_layout, on_cpu, use_input_major_weights
 from .native_decode import NativeDecoder
 from .native_verdict import CheckSource, build_checked
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
+from .release import release_idle_memory
 from .sampling import make_sampler
 from .speculative import DecodeStats, Speculation
 from .types import EngineRequest, QueueFull, Step
@@ -151,6 +152,9 @@ class Scheduler:
             "cache_lookups": prefix.lookups if prefix else 0,
             "cached_tokens_total": prefix.tokens_served if prefix else 0,
             "cache_bytes": prefix.nbytes if prefix else 0,
+            "mlx_active_bytes": mx.get_active_memory(),
+            "mlx_cache_bytes": mx.get_cache_memory(),
+            "mlx_peak_bytes": mx.get_peak_memory(),
             **self._decode_stats.as_dict(),
         }
 
@@ -178,8 +182,14 @@ class Scheduler:
             self._native = self._batch.native = build_checked(self._model, self._check_source)
         finally:
             self._set_up.set()
+        worked = False  # a turn ran since memory was last released
         try:
             while True:
+                if worked and self._idle():
+                    # Between turns nothing is in flight: return the turns' freed memory to the
+                    # system (release.py), off the lock so that submit() never waits for it.
+                    release_idle_memory()
+                    worked = False
                 with self._cv:
                     while not self._stopping and self._idle():
                         self._cv.wait()
@@ -194,9 +204,10 @@ class Scheduler:
                     # counted by neither, and submit() would admit one more than batch + queue.
                     for _ in range(min(room, len(self._waiting))):
                         handle, req = self._waiting.popleft()
-                        self._prefills.append(Prefill(handle, req, self.prefill_chunk))
+                        self._prefills.append(Prefill(handle, req, self._chunk()))
                 for _, req in dropped:
                     self._finish(req, "cancelled")
+                worked = True
                 try:
                     self._turn(cancels)
                 except Exception as e:  # a bug of ours: fail what is in flight, keep serving
@@ -310,6 +321,12 @@ class Scheduler:
         top = d.top if params.top_logprobs else None
         return Step(d.token, d.logprob if want_lp else None, top, reason)
 
+    def _chunk(self) -> int:
+        """A long prompt's chunk: prefill_chunk tokens, at most what the native pass takes where
+        it takes long prompts (their chunks then go through it, prefill.py)."""
+        rows = self._native.prefill_rows if self._native is not None else 0
+        return min(self.prefill_chunk, rows) if rows else self.prefill_chunk
+
     def _prefill(self) -> None:
         """About prefill_chunk tokens of prompt work, first come first served. A turn ends
         when a prompt is done, so its first token does not wait for the prompts queued
@@ -344,7 +361,7 @@ class Scheduler:
             if spent and spent + head.next_chunk() > self.prefill_chunk:
                 return
             try:
-                spent += head.run_chunk(self._model)
+                spent += head.run_chunk(self._model, self._native)
                 cache = head.batch_cache() if head.remaining == 0 else None
             except Exception as e:
                 mx.clear_cache()
@@ -352,7 +369,7 @@ class Scheduler:
                 continue
             if cache is not None:
                 self._prefills.remove(head)
-                self._join([head], cache, own_cache=True)
+                self._join([head], cache, own_cache=head.native_cache is None)
                 return
             mx.clear_cache()  # between chunks of a long prompt
             self._progress(head.req)

@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..native import CpuKernels, cpu_kernels
+from ..native.build import CpuKernels, cpu_kernels
 from .packed import PackedEmbedding, PackedLinear, PackedWeights
 
 WeightsChoice = Literal["auto", "native", "float32", "float16", "bfloat16"]

@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..native import CpuKernels
+from ..native.build import CpuKernels
 
 # GGML type ids of the types the native kernels read in place (gguf's GGMLQuantizationType).
 TYPE_IDS: dict[str, int] = {

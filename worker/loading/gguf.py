@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from . import UnsupportedModelError
+from .errors import UnsupportedModelError
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_vocab import UnsupportedTokenizerError
 from .gguf_header import read_header
@@ -58,12 +58,13 @@ def _mlx_name(gguf_name: str, block_names: Mapping[str, str]) -> str | None:
     return None
 
 
-class _FactorRoPE(nn.Module):
+class FactorRoPE(nn.Module):
     """Interleaved RoPE with per-dimension frequency factors (GGUF `rope_freqs`).
 
     Llama-3.1-style GGUFs bake their long-context frequency scaling into a
     `rope_freqs` tensor that divides each rotation frequency; mlx takes the
-    equivalent wavelengths through `mx.fast.rope(freqs=...)`.
+    equivalent wavelengths through `mx.fast.rope(freqs=...)`. The native decode pass
+    (engine/native_decode.py) rotates by the same wavelengths (``wavelengths``).
     """
 
     def __init__(self, dims: int, base: float, factors: mx.array) -> None:
@@ -75,6 +76,11 @@ class _FactorRoPE(nn.Module):
         # evaluate it and mlx refuses ("There is no Stream(cpu, 0) in current thread"), which
         # failed every Llama 3.1/3.2 GGUF's first request.
         mx.eval(self._freqs)
+
+    @property
+    def wavelengths(self) -> mx.array:
+        """(dims / 2,) float32: pair i turns by position / wavelengths[i]."""
+        return self._freqs
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         return mx.fast.rope(
@@ -120,7 +126,7 @@ def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
     stays whole: the bundled one's embedding is Q8_0)."""
     if not keep_blocks:
         return frozenset()
-    from ..native import cpu_kernels
+    from ..native.build import cpu_kernels
 
     try:
         header = read_header(path)
@@ -137,7 +143,7 @@ def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
 def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, weights: Mapping[str, mx.array]) -> None:
     """Put a GGMLLinear / GGMLEmbedding over each kept matrix's blocks where the model has its
     Linear / Embedding (before load_weights, which then loads only the rest)."""
-    from ..native import cpu_kernels
+    from ..native.build import cpu_kernels
 
     kernel = cpu_kernels()
     modules = dict(model.named_modules())
@@ -206,7 +212,7 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, T
     rope_factors = contents.tensors.get("rope_freqs.weight")
     if rope_factors is not None and arch.name == "llama":
         for layer in model.model.layers:
-            layer.self_attn.rope = _FactorRoPE(args["head_dim"], args["rope_theta"], rope_factors)
+            layer.self_attn.rope = FactorRoPE(args["head_dim"], args["rope_theta"], rope_factors)
     model.eval()
     try:
         model.load_weights(list(weights.items()), strict=True)

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ModelNotFoundError
+from .errors import ModelNotFoundError
 
 # org/name, an optional @revision, an optional :file-tag (letters, digits, _ . -).
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+?))?(?::(?P<tag>[\w.-]+))?$")

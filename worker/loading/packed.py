@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..native import CpuKernels
+from ..native.build import CpuKernels
 
 
 # Inside mlx's graph each kernel call waits for mlx to evaluate its input, which costs more than

@@ -200,6 +200,7 @@ typedef struct {
 } kiln_act;
 
 #include "ggml.c"
+#include "gemm.c"
 
 #ifdef KILN_INT8
 /* Block b's two halves: h0 = the 16 values the low nibbles (4-bit) or the first 16 bytes
@@ -237,24 +238,29 @@ static void quantize_row(int K, int bits, int gs, const float *x, int8_t *xq, fl
 }
 #endif
 
-static void prepare_act(kiln_act *a, int int8) {
-    for (int m = 0; m < a->M; m++) {
-        if (a->type) { /* GGML blocks: 8-bit activations always, as llama.cpp takes them */
-            ggml_quantize_row(a->K, a->x + (size_t)m * a->K, a->gq + m * a->gq_ld, a->gd + m * a->gd_ld, a->gsum + m * a->gsum_ld);
-            continue;
-        }
-#ifdef KILN_INT8
-        if (int8) {
-            quantize_row(a->K, a->bits, a->gs, a->x + (size_t)m * a->K, a->xq + m * a->xq_ld,
-                         a->dexp + m * a->dexp_ld, a->xsum + m * a->g_ld);
-            continue;
-        }
-#endif
-        (void)int8;
-        if (a->bits == 4) permute_even_odd(1, a->K, a->x + (size_t)m * a->K, a->xp + (size_t)m * a->K);
-        else memcpy(a->xp + (size_t)m * a->K, a->x + (size_t)m * a->K, sizeof(float) * a->K);
+/* Row m of a product's input in the form its weights' loops read. */
+static void prepare_row(const kiln_act *a, int m, int int8) {
+    if (a->type) { /* GGML blocks: 8-bit activations always, as llama.cpp takes them */
+        ggml_quantize_row(a->K, a->x + (size_t)m * a->K, a->gq + m * a->gq_ld, a->gd + m * a->gd_ld, a->gsum + m * a->gsum_ld);
+        return;
     }
+#ifdef KILN_INT8
+    if (int8) {
+        quantize_row(a->K, a->bits, a->gs, a->x + (size_t)m * a->K, a->xq + m * a->xq_ld,
+                     a->dexp + m * a->dexp_ld, a->xsum + m * a->g_ld);
+        return;
+    }
+#endif
+    (void)int8;
+    if (a->bits == 4) permute_even_odd(1, a->K, a->x + (size_t)m * a->K, a->xp + (size_t)m * a->K);
+    else memcpy(a->xp + (size_t)m * a->K, a->x + (size_t)m * a->K, sizeof(float) * a->K);
 }
+
+static void prepare_act(kiln_act *a, int int8) {
+    for (int m = 0; m < a->M; m++) prepare_row(a, m, int8);
+}
+
+
 
 /* ---- integer dot products: one output column for a tile of up to 8 rows ---------------------- */
 
@@ -437,6 +443,21 @@ typedef struct {
 } kiln_job;
 
 static void products(const kiln_job *jobs, int n_jobs, const kiln_act *a, int int8) {
+#ifdef KILN_GEMM
+    if (a->type && gemm_takes(a->M)) { /* a prefill chunk against GGUF blocks: gemm.c */
+        int tiles = 0;
+        for (int j = 0; j < n_jobs; j++) tiles += (jobs[j].w->n + GEMM_COLS - 1) / GEMM_COLS;
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++) {
+            int j = 0, tt = t;
+            while (tt >= (jobs[j].w->n + GEMM_COLS - 1) / GEMM_COLS) tt -= (jobs[j++].w->n + GEMM_COLS - 1) / GEMM_COLS;
+            if (gemm_column_tile(jobs[j].w, tt, a, jobs[j].y, jobs[j].ldy) != 0) /* no scratch: the column loops */
+                for (int o = tt * GEMM_COLS; o < jobs[j].w->n && o < (tt + 1) * GEMM_COLS; o++)
+                    product_column(jobs[j].w, o, a, int8, jobs[j].y + o, jobs[j].ldy);
+        }
+        return;
+    }
+#endif
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n;
 #pragma omp for schedule(static)
@@ -458,14 +479,39 @@ typedef struct {
 
 static long round_up(long n, long to) { return (n + to - 1) / to * to; }
 
+/* The team size of the calling thread's next pass: attention's scores are one row per thread. */
+static int pass_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+#include "attention.c"
+
+/* Each thread's attention scratch: a row of S scores, or attention_chunk's tiles. */
+static long score_floats(const kiln_model *m, int S) {
+    long chunk = attention_chunk_floats(m);
+    return round_up(S > chunk ? S : chunk, 16);
+}
+
 /* Scratch floats a pass of M tokens over caches of at most S positions needs. */
 long kiln_forward_work(const kiln_model *m, int M, int S) {
     long kmax = m->hidden > m->inter ? m->hidden : m->inter;
     long qd = (long)m->heads * m->head_dim, kd = (long)m->kv_heads * m->head_dim;
     if (qd > kmax) kmax = qd;
     long per_row = m->hidden * 3 + kmax * 2 + (qd + 2 * kd) + qd + 2 * m->inter + m->head_dim
-                 + round_up(kmax, 64) / 4 + (kmax / 64 + 1) * 8 + 2 * (kmax / 32 + 1) + (kmax / 16 + 1) + (long)m->heads * S + 64;
-    return (long)M * per_row + 1024;
+                 + (kmax + 64) / 4 + (kmax / 64 + 1) * 8 + 16 + 2 * (kmax / 32 + 1) + (kmax / 16 + 16) + 64;
+    return (long)M * per_row + (long)pass_threads() * (score_floats(m, S) + 16) + 1024;
 }
 
 static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *w) {
@@ -485,19 +531,19 @@ static void carve(const kiln_model *m, int M, int S, float *work, kiln_scratch *
     TAKE(sinv, (long)M * m->head_dim / 2);
     w->xq_ld = round_up(kmax, 64);
     w->xq = (int8_t *)p;
-    p += round_up((long)M * w->xq_ld / 4, 16);
-    w->dexp_ld = (kmax / 64 + 1) * 8;
+    p += round_up((long)M * (kmax + 64) / 4, 16);
+    w->dexp_ld = (kmax / 64 + 1) * 8 + 16; /* also the GGML form's scales, k / 32 + 16 per row */
     TAKE(dexp, (long)M * w->dexp_ld);
     w->g_ld = kmax / 32 + 1;
     TAKE(xsum, (long)M * w->g_ld);
-    w->gsum_ld = kmax / 16 + 1;
+    w->gsum_ld = kmax / 16 + 16;
     w->gsum = (int32_t *)p;
     p += round_up((long)M * w->gsum_ld, 16);
-    TAKE(scores, (long)M * m->heads * S);
+    TAKE(scores, (long)pass_threads() * score_floats(m, S));
 #undef TAKE
     w->kmax = kmax;
     w->qkv_ld = qd + 2 * kd;
-    w->S = S;
+    w->S = score_floats(m, S); /* each thread's scores, this far apart */
 }
 
 static kiln_act act_for(const kiln_scratch *w, const kiln_qw *q, const float *x, int M) {
@@ -512,9 +558,12 @@ static kiln_act act_for(const kiln_scratch *w, const kiln_qw *q, const float *x,
     a.gq = w->xq; /* the GGML form shares the 8-bit buffers: a product takes one form */
     a.gd = w->dexp;
     a.gsum = w->gsum;
-    a.gq_ld = w->xq_ld;
-    a.gd_ld = w->dexp_ld;
-    a.gsum_ld = w->gsum_ld;
+    /* Rows as close as this product's width allows, a cache line apart: with the widest
+     * layer's stride (8,192 bytes on a 1B model) the rows of a tile all fell into the same L1
+     * sets and evicted one another (8 rows cost ~35% more per row than 1). */
+    a.gq_ld = q->k + 64;
+    a.gd_ld = q->k / 32 + 16;
+    a.gsum_ld = q->k / 16 + 16;
 #ifdef KILN_INT8
     a.xq = w->xq;
     a.dexp = w->dexp;
@@ -545,6 +594,10 @@ static void rope(float *x, int heads, int d, const float *cosv, const float *sin
 
 /* Token t of row b sits at cache position idx + t and sees keys start[b] .. idx + t. */
 static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scratch *w, int B, int T, int idx, const int32_t *start) {
+    if (T >= KILN_CHUNK_ATTENTION) { /* a prefill chunk: attention.c */
+        attention_chunk(m, c, w->qkv, w->qkv_ld, w->att, B, T, idx, start, w->scores, w->S);
+        return;
+    }
     int H = m->heads, D = m->head_dim, group = m->heads / m->kv_heads;
     long qd = (long)H * D;
 #pragma omp for schedule(static)
@@ -552,7 +605,7 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
         int tok = task / H, h = task % H, b = tok / T, t = tok % T, g = h / group;
         const float *qv = w->qkv + tok * w->qkv_ld + h * D;
         const float *kb = c->keys + b * c->k_row + g * c->k_head, *vb = c->values + b * c->v_row + g * c->v_head;
-        float *p = w->scores + (size_t)task * w->S, *o = w->att + tok * qd + h * D;
+        float *p = w->scores + (size_t)thread_index() * w->S, *o = w->att + tok * qd + h * D;
         int first = start[b], last = idx + t;
         float top = -INFINITY;
         for (int j = first; j <= last; j++) {
@@ -580,7 +633,8 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
  * as in mlx-lm's BatchKVCache); every cache has room for idx + T positions. head_rows: 0 no
  * logits, 1 for the last token of each row (logits (B, vocab)), 2 for every token ((B * T,
  * vocab)). int8: which products take 8-bit activations (where compiled in), a bit mask:
- * 1 q/k/v, 2 o, 4 gate/up, 8 down, 16 the head; the others take float32. work: kiln_forward_work floats.
+ * 1 q/k/v, 2 o, 4 gate/up, 8 down, 16 the head; the others take float32. work: kiln_forward_work floats,
+ * asked for on the calling thread with this pass's team size (a row of scores per thread).
  * Returns 0, or -1 for arguments outside what the loops handle. */
 int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, const int32_t *tokens,
                  const int32_t *positions, const int32_t *start, int idx, int head_rows, int int8,
@@ -622,14 +676,14 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
             const kiln_layer *L = m->layers + l;
             const kiln_cache *c = caches + l;
             kiln_act a = act_for(&w, &L->q, w.x, M);
-#pragma omp single
-            {
-                for (int tok = 0; tok < M; tok++) rms_norm(w.h + tok * m->hidden, L->attn_norm, m->eps, m->hidden, w.x + tok * m->hidden);
-                prepare_act(&a, int8 & 1);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) {
+                rms_norm(w.h + tok * m->hidden, L->attn_norm, m->eps, m->hidden, w.x + tok * m->hidden);
+                prepare_row(&a, tok, int8 & 1);
             }
             kiln_job qkv[3] = {{&L->q, w.qkv, w.qkv_ld}, {&L->k, w.qkv + qd, w.qkv_ld}, {&L->v, w.qkv + qd + kd, w.qkv_ld}};
             products(qkv, 3, &a, int8 & 1);
-#pragma omp single
+#pragma omp for schedule(static)
             for (int tok = 0; tok < M; tok++) {
                 float *qv = w.qkv + tok * w.qkv_ld, *kv = qv + qd, *vv = kv + kd;
                 if (L->q.bias) {
@@ -651,31 +705,30 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
             }
             attention(m, c, &w, B, T, idx, start);
             a = act_for(&w, &L->o, w.att, M);
-#pragma omp single
-            prepare_act(&a, int8 & 2);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) prepare_row(&a, tok, int8 & 2);
             kiln_job o[1] = {{&L->o, w.tmp, m->hidden}};
             products(o, 1, &a, int8 & 2);
             a = act_for(&w, &L->gate, w.x, M);
-#pragma omp single
-            {
-                for (long i = 0; i < (long)M * m->hidden; i++) w.h[i] += w.tmp[i];
-                for (int tok = 0; tok < M; tok++) rms_norm(w.h + tok * m->hidden, L->mlp_norm, m->eps, m->hidden, w.x + tok * m->hidden);
-                prepare_act(&a, int8 & 4);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) {
+                float *h = w.h + (size_t)tok * m->hidden;
+                for (int i = 0; i < m->hidden; i++) h[i] += w.tmp[(size_t)tok * m->hidden + i];
+                rms_norm(h, L->mlp_norm, m->eps, m->hidden, w.x + tok * m->hidden);
+                prepare_row(&a, tok, int8 & 4);
             }
             kiln_job gu[2] = {{&L->gate, w.gu, 2 * m->inter}, {&L->up, w.gu + m->inter, 2 * m->inter}};
             products(gu, 2, &a, int8 & 4);
             a = act_for(&w, &L->down, w.x, M);
-#pragma omp single
-            {
-                for (int tok = 0; tok < M; tok++) {
-                    swiglu(w.gu + (size_t)tok * 2 * m->inter, w.gu + (size_t)tok * 2 * m->inter + m->inter, m->inter);
-                    memcpy(w.x + (size_t)tok * m->inter, w.gu + (size_t)tok * 2 * m->inter, sizeof(float) * m->inter);
-                }
-                prepare_act(&a, int8 & 8);
+#pragma omp for schedule(static)
+            for (int tok = 0; tok < M; tok++) {
+                swiglu(w.gu + (size_t)tok * 2 * m->inter, w.gu + (size_t)tok * 2 * m->inter + m->inter, m->inter);
+                memcpy(w.x + (size_t)tok * m->inter, w.gu + (size_t)tok * 2 * m->inter, sizeof(float) * m->inter);
+                prepare_row(&a, tok, int8 & 8);
             }
             kiln_job down[1] = {{&L->down, w.tmp, m->hidden}};
             products(down, 1, &a, int8 & 8);
-#pragma omp single
+#pragma omp for schedule(static)
             for (long i = 0; i < (long)M * m->hidden; i++) w.h[i] += w.tmp[i];
         }
         if (n_out) {

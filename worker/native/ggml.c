@@ -249,6 +249,23 @@ int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const 
 /* x (K floats) as 8-bit values per block of 32 (natural order), their scales, and the sum of
  * each 16 of them. */
 static void ggml_quantize_row(int K, const float *x, int8_t *xq, float *d, int32_t *isum) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    /* The same values as the loop below (max, 127 / max, round to nearest even), 32 at a time:
+     * at 8 rows the scalar loop was ~8% of a 1B step. */
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int blk = 0; blk < K / 32; blk++) {
+        const __m512 a = _mm512_loadu_ps(x + blk * 32), b = _mm512_loadu_ps(x + blk * 32 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
+        const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        d[blk] = amax / 127.f;
+        const __m512i va = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), vb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+        _mm_storeu_si128((__m128i *)(xq + blk * 32), _mm512_cvtepi32_epi8(va));
+        _mm_storeu_si128((__m128i *)(xq + blk * 32 + 16), _mm512_cvtepi32_epi8(vb));
+        isum[2 * blk] = _mm512_reduce_add_epi32(va);
+        isum[2 * blk + 1] = _mm512_reduce_add_epi32(vb);
+    }
+    return;
+#endif
     for (int blk = 0; blk < K / 32; blk++) {
         const float *xb = x + blk * 32;
         float amax = 0.f;
@@ -329,6 +346,186 @@ static inline __m256i group_u256(int type, const kiln_group *G) {
     }
 }
 
+/* A Q4_K super-block's eight 6-bit scales and eight 6-bit mins (12 bytes) as eight bytes each,
+ * unpacked a 32-bit word at a time: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits
+ * of scales 4-7, bytes 4-7 the same for the mins, bytes 8-11 the low 4 bits of scales 4-7
+ * (low nibble) and of mins 4-7 (high nibble). */
+static inline void q4k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    *sc = (w0 & 0x3f3f3f3fu) | (uint64_t)sc_hi << 32;
+    *mn = (w1 & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
+}
+
+static inline __m256 bytes8_ps(uint64_t v, int is_signed) {
+    const __m128i b = _mm_cvtsi64_si128((long long)v);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+}
+
+/* Q4_K and Q6_K a super-block at a time with 256-bit integer dot products (AVX2's maddubs,
+ * AVX-VNNI's vpdpbusd): ggml_tile_k512's scheme (see there) at half the width, one group of 32
+ * weights per vector. */
+static inline __attribute__((always_inline)) void ggml_tile_k256(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, float *y, long ldy) {
+    __m256 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(0x30);
+    const __m256i lo_pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_pairs = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    const int q4 = type == KILN_Q4_K;
+    const long bytes = q4 ? 144 : 210;
+    for (int sb = 0; sb < K / 256; sb++) {
+        const uint8_t *b = row + (size_t)sb * bytes;
+        __m256i u[8];
+        __m256 wsc0, wsc1 = _mm256_setzero_ps(), wmn = _mm256_setzero_ps(); /* Q4_K: d * sc and dmin * m per group; Q6_K: d * sc per 16 (two halves) */
+        if (q4) {
+            uint64_t scb, mnb;
+            q4k_scales(b + 4, &scb, &mnb);
+            wsc0 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), bytes8_ps(scb, 0));
+            wmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), bytes8_ps(mnb, 0));
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                u[2 * c] = _mm256_and_si256(v, low4);
+                u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+        } else {
+            const __m256 d = _mm256_set1_ps(f16_at(b + 208));
+            uint64_t s0, s1;
+            memcpy(&s0, b + 192, 8);
+            memcpy(&s1, b + 200, 8);
+            wsc0 = _mm256_mul_ps(d, bytes8_ps(s0, 1));
+            wsc1 = _mm256_mul_ps(d, bytes8_ps(s1, 1));
+            for (int h = 0; h < 2; h++) {
+                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)), qh2 = _mm256_srli_epi16(qh, 2);
+                u[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
+                u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh2, 4), two));
+                u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, two));
+                u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(qh2, two));
+            }
+        }
+        const int g0 = sb * 8;
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const int8_t *xq = a->gq + r * a->gq_ld + g0 * 32;
+            const __m256 dx = _mm256_loadu_ps(a->gd + r * a->gd_ld + g0);
+            const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g0;
+            const __m256 is0 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)is)), is1 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(is + 8)));
+            if (q4) { /* lanes of group g: d * sc_g * dx_g; mins per 16: dmin * m * dx */
+                const __m256 cf = _mm256_mul_ps(wsc0, dx), mn = _mm256_mul_ps(wmn, dx);
+                cor[m] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mn, lo_pairs), is0, cor[m]);
+                cor[m] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mn, hi_pairs), is1, cor[m]);
+                for (int g = 0; g < 8; g++) {
+                    const __m256i i = GGML_DOT(_mm256_setzero_si256(), u[g], _mm256_loadu_si256((const __m256i *)(xq + 32 * g)));
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(g)), acc[m]);
+                }
+            } else { /* per 16 weights: d * sc * dx, lanes 4 each; the zero point 32 per 16 */
+                const __m256 cf0 = _mm256_mul_ps(wsc0, _mm256_permutevar8x32_ps(dx, lo_pairs)), cf1 = _mm256_mul_ps(wsc1, _mm256_permutevar8x32_ps(dx, hi_pairs));
+                cor[m] = _mm256_fmadd_ps(cf0, is0, cor[m]);
+                cor[m] = _mm256_fmadd_ps(cf1, is1, cor[m]);
+                for (int g = 0; g < 8; g++) {
+                    const __m256i i = GGML_DOT(_mm256_setzero_si256(), u[g], _mm256_loadu_si256((const __m256i *)(xq + 32 * g)));
+                    const __m256i idx = _mm256_setr_epi32(2 * (g % 4), 2 * (g % 4), 2 * (g % 4), 2 * (g % 4), 2 * (g % 4) + 1, 2 * (g % 4) + 1, 2 * (g % 4) + 1, 2 * (g % 4) + 1);
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(g < 4 ? cf0 : cf1, idx), acc[m]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        const float c = ggml_hsum8(cor[m]);
+        y[m * ldy] = ggml_hsum8(acc[m]) - (q4 ? c : 32.f * c);
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KILN_GGML_512 1
+/* Lane l of 16 takes element (base + l / per) of a vector: spreading per-group (8 lanes each)
+ * or per-16-weights (4 lanes each) scales over vpdpbusd's int32 lanes. */
+static inline __m512i spread_idx(int base, int per) {
+    int32_t v[16];
+    for (int l = 0; l < 16; l++) v[l] = base + l / per;
+    return _mm512_loadu_si512(v);
+}
+
+/* Q4_K and Q6_K with 512-bit integer dot products, a super-block (256 weights) at a time.
+ *
+ * Why: the generic loop below (one group of 32 at a time, 256-bit) spent most of its time on
+ * scalar work per group (unpacking the 6-bit scales and converting float16 twice per group,
+ * scalar corrections per row), so the 1B Q4_K_M decode step was compute-bound at ~6 GB/s of
+ * weights while one core streams ~16 GB/s. Here a super-block's weights are unpacked once
+ * into four 64-byte vectors in the activations' natural order (for any number of rows), the
+ * scales are unpacked a word at a time, and per row each 64 weights cost one vpdpbusd, one
+ * conversion, one permute (the per-lane scale d * sc * dx) and one multiply-add; the offsets
+ * (Q4_K's mins, Q6_K's zero point 32) are one multiply-add per super-block against the
+ * activations' sums per 16. The arithmetic is the generic loop's (same 8-bit activations,
+ * same integer sums), only the order of the float sums differs. */
+static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, float *y, long ldy) {
+    __m512 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(15), two = _mm512_set1_epi8(0x30);
+    const __m512i by8_0 = spread_idx(0, 8), by8_1 = spread_idx(2, 8), by8_2 = spread_idx(4, 8), by8_3 = spread_idx(6, 8);
+    const __m512i by4_0 = spread_idx(0, 4), by4_1 = spread_idx(4, 4), by4_2 = spread_idx(8, 4), by4_3 = spread_idx(12, 4);
+    const __m512i by2 = spread_idx(0, 2);
+    const int q4 = type == KILN_Q4_K;
+    const long bytes = q4 ? 144 : 210;
+    for (int sb = 0; sb < K / 256; sb++) {
+        const uint8_t *b = row + (size_t)sb * bytes;
+        __m512i u[4];
+        __m512 wsc, wmn = _mm512_setzero_ps(); /* Q4_K: d * sc, dmin * m (8 lanes); Q6_K: d * sc (16) */
+        if (q4) {
+            uint64_t scb, mnb;
+            q4k_scales(b + 4, &scb, &mnb);
+            wsc = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_at(b)), bytes8_ps(scb, 0)));
+            wmn = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), bytes8_ps(mnb, 0)));
+            for (int c = 0; c < 4; c++) { /* 32 bytes: group 2c in the low nibbles, 2c + 1 in the high */
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                u[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), low4);
+            }
+        } else { /* ql[128], qh[64], scales[16] (int8), d: per half of 128 weights, ql[64] + qh[32] */
+            wsc = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))));
+            for (int h = 0; h < 2; h++) {
+                const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                /* bytes 0-31: qh, 32-63: qh >> 2; bits 0-1 then go with weights 0-63, bits 4-5 with 64-127 */
+                const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+                u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(_mm512_slli_epi16(qh2, 4), two));
+                u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), _mm512_and_si512(qh2, two));
+            }
+        }
+        const int g = sb * 8;
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
+            const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a->gd + r * a->gd_ld + g));
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
+            __m512 cf;
+            __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512(xq));
+            __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_loadu_si512(xq + 64));
+            __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], _mm512_loadu_si512(xq + 128));
+            __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], _mm512_loadu_si512(xq + 192));
+            if (q4) { /* per group: d * sc * dx; the mins per 16 weights: dmin * m * dx */
+                cf = _mm512_mul_ps(wsc, dx8);
+                cor[m] = _mm512_fmadd_ps(_mm512_permutexvar_ps(by2, _mm512_mul_ps(wmn, dx8)), isum, cor[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by8_0, cf), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by8_1, cf), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc[m]);
+            } else { /* per 16 weights: d * sc * dx; the zero point: 32 * that * sum(xi) */
+                cf = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(by2, dx8));
+                cor[m] = _mm512_fmadd_ps(_mm512_mul_ps(cf, _mm512_set1_ps(32.f)), isum, cor[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by4_0, cf), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by4_1, cf), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by4_2, cf), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc[m]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[m], cor[m]));
+}
+#endif
+
 /* Every group of a row against M rows of activations, for the types without a loop of their own. */
 static inline __attribute__((always_inline)) void ggml_groups(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, __m256 *acc, float *extra) {
     for (int g = 0; g < K / 32; g++) {
@@ -357,13 +554,21 @@ static inline __attribute__((always_inline)) void ggml_groups(const int M, const
 static inline __attribute__((always_inline)) void ggml_tile(const int M, const kiln_qw *w, int o, const kiln_act *a, int m0, float *y, long ldy) {
     const int K = w->k, type = w->type;
     const uint8_t *row = w->q + (size_t)o * kiln_ggml_row_bytes(type, K);
+    if (type == KILN_Q4_K || type == KILN_Q6_K) {
+#ifdef KILN_GGML_512
+        ggml_tile_k512(M, type, row, K, a, m0, y, ldy);
+#else
+        ggml_tile_k256(M, type, row, K, a, m0, y, ldy);
+#endif
+        return;
+    }
     __m256 acc[KILN_QMM_MAX_ROWS];
     float extra[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) {
         acc[m] = _mm256_setzero_ps();
         extra[m] = 0.f;
     }
-    if (type == KILN_Q4_K || type == KILN_Q5_K) { /* the common cases, by super-block: scales decoded once per 8 groups */
+    if (type == KILN_Q5_K) { /* by super-block: scales decoded once per 8 groups (Q4_K's loop before the k256/k512 ones) */
         const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
         const int five = type == KILN_Q5_K;
         for (int sb = 0; sb < K / 256; sb++) {
@@ -405,7 +610,6 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
     case KILN_Q5_0: ggml_groups(M, KILN_Q5_0, row, K, a, m0, acc, extra); break;
     case KILN_Q5_1: ggml_groups(M, KILN_Q5_1, row, K, a, m0, acc, extra); break;
     case KILN_Q8_0: ggml_groups(M, KILN_Q8_0, row, K, a, m0, acc, extra); break;
-    case KILN_Q6_K: ggml_groups(M, KILN_Q6_K, row, K, a, m0, acc, extra); break;
     case KILN_IQ4_NL: ggml_groups(M, KILN_IQ4_NL, row, K, a, m0, acc, extra); break;
     default: ggml_groups(M, type, row, K, a, m0, acc, extra);
     }

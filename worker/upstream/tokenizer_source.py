@@ -4,7 +4,7 @@ The upstream engine (vLLM, SGLang, llama-server) holds the weights; the worker s
 every prompt and reads every output token itself, so it needs exactly what the MLX worker
 builds at load, from the same sources: a GGUF's metadata (read from its header, no tensor
 data), an mlx-lm / Hugging Face folder, or a hub id resolved in the local cache
-(``loading.locate_model``, shared with the weight loader).
+(``loading/loader.py`` ``locate_model``, shared with the weight loader).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..loading import ModelNotFoundError, UnsupportedModelError, locate_model
+from ..loading.errors import ModelNotFoundError, UnsupportedModelError
+from ..loading.loader import locate_model
 from ..loading.tokenizer import Tokenizer
 
 

@@ -6,7 +6,7 @@ import os
 import secrets
 from typing import Any
 
-from ..backend import CancelHandler, Stores
+from ..stores import CancelHandler, Stores
 from .cancel import CancelChannel
 from .connection import RedisContext
 from .conversations import RedisConversationStore

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...tasks import stop_tasks
+from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, BLOCK_S, RedisContext
 

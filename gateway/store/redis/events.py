@@ -26,7 +26,7 @@ from typing import Any
 from ..events import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_FINISHED, DEFAULT_MAX_TOTAL_BYTES, TERMINAL_EVENTS, TooOld
 from ..protocols import StoreUnavailable
 from . import scripts
-from ...tasks import stop_tasks
+from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, BLOCK_S, SOCKET_TIMEOUT_S, RedisContext, guarded
 

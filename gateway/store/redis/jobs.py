@@ -20,12 +20,12 @@ import logging
 import random
 from typing import Any
 
-from ..background import Job, budget_full, job_view, too_many_jobs
-from ..protocols import JobState
+from ..background import budget_full, job_view, too_many_jobs
+from ..protocols import Job, JobState
 from ..responses import StoredResponse
 from . import scripts
 from .cancel import CancelChannel
-from ...tasks import stop_tasks
+from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, RedisContext, guarded, text as _text
 from .events import RedisEventLog
@@ -125,7 +125,7 @@ class RedisJobBoard:
         state = await self.get(response_id)
         if state is None:
             return
-        from ...response_object import zero_usage
+        from ...lifecycle.response_object import zero_usage
 
         view = {**state.view, "status": status, "output": [], "usage": zero_usage()}
         if status == "failed":

@@ -14,10 +14,10 @@ import asyncio
 import logging
 from typing import Any
 
-from ...errors import ApiError
+from ...http.errors import ApiError
 from ..protocols import StoreUnavailable
 from .cancel import CancelChannel
-from ...tasks import stop_tasks
+from ...lifecycle.tasks import stop_tasks
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, RedisContext, guarded
 from .jobs import CANCEL_WAIT_S

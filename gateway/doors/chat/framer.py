@@ -1,0 +1,169 @@
+"""Responses stream events -> Chat Completions chunks and the final ``chat.completion``.
+
+``ChatTranslator`` reads the events a ``ResponseRun`` yields and keeps what a chat client sees:
+the assistant text (cut at a stop sequence), ``reasoning_content`` from reasoning deltas, tool
+calls numbered by ``index`` in the order they opened, and the logprobs of the text. The streaming
+route sends its deltas as chunks; the non-streaming route builds the whole message from the same
+state, so both agree by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from ..stop import StopCutter
+
+
+def completion_id(response_id: str) -> str:
+    return "chatcmpl-" + response_id.removeprefix("resp_")
+
+
+def chat_usage(usage: Mapping[str, Any] | None, cost: Decimal | None = None) -> dict[str, Any]:
+    """A Responses usage as Chat's ``usage`` (with the hosted ``cost`` when one was debited)."""
+    usage = usage or {}
+    prompt = int(usage.get("input_tokens") or 0)
+    completion = int(usage.get("output_tokens") or 0)
+    cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+    reasoning = int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
+    if cost is not None:
+        out["cost"] = float(cost)
+    return out
+
+
+class ChatTranslator:
+    """The chat view of one response, built from its Responses events."""
+
+    def __init__(self, response_id: str, model: str, *, logprobs: bool = False, stop: list[str] | None = None, include_usage: bool = False) -> None:
+        self.id = completion_id(response_id)
+        self.model = model
+        self.created = int(time.time())
+        self.want_logprobs = logprobs
+        self.include_usage = include_usage
+        self.cutter = StopCutter(stop or [])
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []  # {"id", "name", "arguments"} in index order
+        self._call_index: dict[str, int] = {}  # Responses item id -> chat tool-call index
+        self._pending_logprobs: list[dict[str, Any]] = []  # of text held back by the cutter
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop sequence was generated: the door cancels the rest."""
+        return self.cutter.hit
+
+    # -- events -> deltas -------------------------------------------------------------------------
+    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The chat chunks one Responses event gives (often none)."""
+        kind = event.get("type")
+        if kind == "response.output_text.delta":
+            return self._text(event.get("delta") or "", event.get("logprobs") or [])
+        if kind == "response.reasoning_text.delta" and event.get("delta") and not self.stopped:
+            self.reasoning.append(event["delta"])
+            return [self.chunk({"reasoning_content": event["delta"]})]
+        item = event.get("item") or {}
+        if kind == "response.output_item.added" and item.get("type") == "function_call":
+            return [self.chunk({"tool_calls": [self._open_call(item)]})]
+        if kind == "response.function_call_arguments.delta":
+            index = self._call_index.get(event.get("item_id", ""))
+            if index is None or not event.get("delta"):
+                return []
+            self.calls[index]["arguments"] += event["delta"]
+            return [self.chunk({"tool_calls": [{"index": index, "function": {"arguments": event["delta"]}}]})]
+        if kind == "response.output_item.done" and item.get("type") == "function_call":
+            return self._close_call(item)
+        return []
+
+    def _text(self, delta: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.stopped:
+            return []
+        released = self.cutter.feed(delta)
+        if self.want_logprobs:
+            self._pending_logprobs.extend(logprobs)
+        if self.stopped:
+            # Tokens held back with the stop sequence are not part of the answer (approximate
+            # when one token straddles the cut: it is dropped with the stop sequence).
+            self._pending_logprobs = []
+        return self._release(released)
+
+    def _release(self, text: str) -> list[dict[str, Any]]:
+        if not text:
+            return []
+        self.content.append(text)
+        entries, self._pending_logprobs = self._pending_logprobs, []
+        self.logprobs.extend(entries)
+        return [self.chunk({"content": text}, entries if self.want_logprobs else None)]
+
+    def _open_call(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        index = len(self.calls)
+        self._call_index[item.get("id", "")] = index
+        name = item.get("name", "")
+        self.calls.append({"id": item.get("call_id") or item.get("id", ""), "name": name, "arguments": ""})
+        return {"index": index, "id": self.calls[index]["id"], "type": "function", "function": {"name": name, "arguments": ""}}
+
+    def _close_call(self, item: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The final arguments win; a tail the deltas did not carry is sent as one more delta."""
+        index = self._call_index.get(item.get("id", ""))
+        if index is None:
+            return []
+        call = self.calls[index]
+        final = item.get("arguments") or ""
+        tail = final[len(call["arguments"]):] if final.startswith(call["arguments"]) else ""
+        call["arguments"] = final
+        call["name"] = item.get("name") or call["name"]
+        return [self.chunk({"tool_calls": [{"index": index, "function": {"arguments": tail}}]})] if tail else []
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Text held back while looking for a stop sequence, at the end of generation."""
+        return self._release(self.cutter.flush())
+
+    # -- framing -----------------------------------------------------------------------------------
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chunk(self, delta: dict[str, Any], logprobs: list[dict[str, Any]] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None, "finish_reason": finish_reason}
+        out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None  # every chunk but the last carries a null usage, as OpenAI's do
+        return out
+
+    def opening(self) -> dict[str, Any] | None:
+        """The first chunk (the role), or None for a door without one. It carries no ``content``:
+        it leaves before the answer is known to be text, and a ``content: ""`` ahead of a tool
+        call is an empty text part to clients such as the Vercel AI SDK."""
+        return self.chunk({"role": "assistant"})
+
+    def finish_reason(self, status: str) -> str:
+        if status == "incomplete" and not self.stopped:
+            return "length"
+        return "tool_calls" if self.calls else "stop"
+
+    def closing(self, status: str) -> dict[str, Any]:
+        return self.chunk({}, finish_reason=self.finish_reason(status))
+
+    def usage_chunk(self, usage: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {**self._head("chat.completion.chunk"), "choices": [], "usage": chat_usage(usage)}
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) if (self.content or not self.calls) else None, "refusal": None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in self.calls]
+        return message
+
+    def completion(self, status: str, usage: Mapping[str, Any] | None, cost: Decimal | None = None) -> dict[str, Any]:
+        logprobs = {"content": self.logprobs, "refusal": None} if self.want_logprobs else None
+        choice = {"index": 0, "message": self.message(), "logprobs": logprobs, "finish_reason": self.finish_reason(status)}
+        return {**self._head("chat.completion"), "choices": [choice], "usage": chat_usage(usage, cost)}

@@ -1,0 +1,285 @@
+"""Drive one response through a worker and turn its messages into Responses stream events."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from kiln.protocol import Done, Event, Failed, Generate
+from kiln.protocol.request import GenerateRequest
+from kiln.protocol.usage import Usage
+
+from ..doors.options import NO_OPTIONS, DoorOptions
+from ..http.errors import ApiError
+from .response_object import ResponseObject
+from ..pool.worker_request import worker_request
+from ..pool.workers import Channel, NoWorker, WorkerHandle, WorkerPool, routing_key
+
+# The code of a worker's refusal when its batch and queue are full (or its preparation queue).
+OVERLOADED = "server_is_overloaded"
+
+
+def cache_scope(owner: Any) -> str | None:
+    """The worker prefix cache's scope for ``owner``'s requests: one per organization in hosted
+    mode (None, one shared cache, when auth is off). Derived here and never from the body, so no
+    client can step into another's scope; a digest, so the worker's logs name no organization."""
+    if owner is None:
+        return None
+    return hashlib.sha256(f"kiln cache scope {owner}".encode()).hexdigest()[:32]
+
+
+class GenerationFailed(Exception):
+    """The worker could not produce the response; carries what a client should see."""
+
+    def __init__(self, http_status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+        self.param = param
+
+    def api_error(self) -> ApiError:
+        # A worker's 503 (its queue or preparation full, its engine away) passes soon: say when.
+        headers = {"Retry-After": "1"} if self.http_status == 503 else None
+        return ApiError(self.http_status, self.message, code=self.code, param=self.param, headers=headers)
+
+
+class Generation:
+    """A create call in flight: one request on one worker.
+
+    ``events()`` yields every stream event of the response (without sequence numbers) and keeps
+    ``response`` up to date, so the streaming route, the non-streaming route and background jobs
+    all consume the same sequence.
+    """
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        response: ResponseObject,
+        body: dict[str, Any],
+        model: str,
+        *,
+        options: DoorOptions = NO_OPTIONS,
+        owner: Any = None,
+        wire_input: list[dict[str, Any]] | None = None,
+        compact_threshold: int | None = None,
+        first_event_timeout_s: float | None = None,
+        event_timeout_s: float | None = None,
+        item_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.response = response
+        self.body = body
+        self.model = model
+        # What the door decided (raw prompt, session, warm-up): never from the client's body.
+        self.options = options
+        # Who may see this response (the organization in hosted mode; None when auth is off).
+        self.owner = owner
+        # What the worker renders: ``body["input"]`` with compaction items expanded.
+        self.wire_input: list[dict[str, Any]] = body.get("input") or [] if wire_input is None else wire_input
+        # context_management's compaction threshold, when the request set one.
+        self.compact_threshold = compact_threshold
+        # How long the worker may take to send its first message, and then each next one, before
+        # the response fails (a hung worker must never hold a client or its slots forever).
+        self.first_event_timeout_s = first_event_timeout_s
+        self.event_timeout_s = event_timeout_s
+        # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
+        self.item_hook = item_hook
+        self.channel: Channel | None = None
+        # What the worker is sent, built by open() from the body as it then stands.
+        self.request: GenerateRequest | None = None
+        self.cancelled = False
+        # Events the gateway produced before generation (compaction), and how many output
+        # items they hold: the worker's output indices are shifted past them.
+        self.prefix_events: list[dict[str, Any]] = []
+        self.index_offset = 0
+        # Feeds TTFT / inter-token histograms when metrics are on (set when the run starts).
+        self.timer: Any = None
+        # True when the response is complete without a generation (a compaction_trigger turn).
+        self.done_without_worker = False
+        # The running usage after the last worker message (what a cut stream received), and the
+        # usage of compaction the gateway ran for this response (billed with it).
+        self.delivered_usage: Usage | None = None
+        self.compaction_usage: Usage | None = None
+        # Workers that refused this request as full (their view of capacity is current, ours lags
+        # a heartbeat behind when other gateway replicas share them): it is not sent there again.
+        self.refused_by: set[bytes] = set()
+
+    async def open(self) -> None:
+        """Send the request to a worker; raises ApiError(503) when none can take it."""
+        if self.done_without_worker:
+            return
+        request = worker_request(self.body, self.wire_input, self.options)  # a bad value: 400 before anything is sent
+        request = dataclasses.replace(request, cache_scope=cache_scope(self.owner))
+        cache_key = routing_key(self.body, self.options.session)
+        try:
+            worker = self.pool.pick(self.model, cache_key)
+        except NoWorker:
+            raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"})
+        self.request = request
+        await self._send_to(worker)
+
+    async def _send_to(self, worker: WorkerHandle) -> None:
+        assert self.request is not None, "open() first"
+        req_id = uuid.uuid4().hex
+        message = Generate(req_id=req_id, response_id=self.response.id, request=self.request)
+        self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.request.sampling.max_output_tokens))
+
+    def add_prefix_item(self, item: dict[str, Any]) -> None:
+        """An output item the gateway made (a compaction), placed before the worker's items."""
+        index = self.index_offset
+        self.prefix_events.append({"type": "response.output_item.added", "output_index": index, "item": item})
+        done = {"type": "response.output_item.done", "output_index": index, "item": item}
+        self.prefix_events.append(done)
+        self.response.apply(done)
+        self.index_offset += 1
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.pool.close(self.channel, cancel=True)
+
+    def cancel(self) -> None:
+        """Stop generating; the event sequence ends with the response cancelled."""
+        self.cancelled = True
+        if self.channel is not None:
+            self.pool.close(self.channel, cancel=True)
+            self.channel.queue.put_nowait(None)
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        for event in self.prefix_events:
+            yield event
+        if self.done_without_worker:
+            return
+        assert self.channel is not None, "open() first"
+        timeout = self.first_event_timeout_s
+        started = False  # whether the worker has sent an event (a refusal can only come before)
+        try:
+            while True:
+                try:
+                    message = await next_message(self.channel, timeout)
+                except asyncio.TimeoutError:
+                    text = "The model backend did not answer in time."
+                    self.response.fail("server_error", text)
+                    raise GenerationFailed(504, "server_error", text) from None
+                timeout = self.event_timeout_s
+                if message is None or self.cancelled:
+                    self.response.cancel()
+                    return
+                if isinstance(message, Event):
+                    # One without events is progress while the worker prefills: alive, no output.
+                    started = started or bool(message.events)
+                    running = getattr(message, "usage", None)
+                    if isinstance(running, dict):
+                        self.delivered_usage = Usage.from_map(running)
+                    for event in message.events:
+                        yield self._apply(event)
+                elif isinstance(message, Done):
+                    self.response.finish(message.status, complete_usage(message.usage), message.incomplete_details)
+                    if self.timer is not None and self.timer.metrics is not None:
+                        self.timer.metrics.observe_usage(self.response.data["usage"])
+                    return
+                elif isinstance(message, Failed):
+                    if message.code == OVERLOADED and not started and await self._reroute():
+                        timeout = self.first_event_timeout_s
+                        continue
+                    self.response.fail(message.code, message.message)
+                    raise GenerationFailed(message.http_status, message.code, message.message, message.param)
+        finally:
+            self.pool.close(self.channel, cancel=not self.channel.finished)
+
+    async def _reroute(self) -> bool:
+        """After the worker refused the request as full: send it to another worker of the model
+        that has room by our count, if there is one (True), else leave the refusal to the client."""
+        assert self.channel is not None
+        self.refused_by.add(self.channel.worker.identity)
+        self.pool.close(self.channel, cancel=False)
+        try:
+            worker = self.pool.pick(self.model, routing_key(self.body, self.options.session), exclude=self.refused_by)
+        except NoWorker:
+            return False
+        if worker.overloaded():
+            return False
+        await self._send_to(worker)
+        return True
+
+    def _apply(self, event: dict[str, Any]) -> dict[str, Any]:
+        """One worker event, placed after any prefix items and folded into the response."""
+        if self.timer is not None:
+            self.timer.event(event)
+        if self.index_offset and "output_index" in event:
+            event = {**event, "output_index": event["output_index"] + self.index_offset}
+        if self.item_hook is not None and event.get("type") == "response.output_item.done":
+            event = {**event, "item": self.item_hook(event["item"])}
+        self.response.apply(event)
+        return event
+
+
+def complete_usage(usage: Usage | dict[str, Any] | None) -> dict[str, Any]:
+    """A usage (a worker's map, or a Usage) as the complete map the Responses schema requires."""
+    return (usage if isinstance(usage, Usage) else Usage.from_map(usage)).to_map()
+
+
+def terminal_event(response: ResponseObject) -> dict[str, Any]:
+    kind = {
+        "completed": "response.completed",
+        "incomplete": "response.incomplete",
+        "failed": "response.failed",
+        "cancelled": "response.failed",
+    }[response.status]
+    return {"type": kind, "response": response.snapshot()}
+
+
+async def next_message(channel: Channel, timeout_s: float | None) -> Any:
+    """The channel's next message; asyncio.TimeoutError after ``timeout_s`` (None: no bound).
+
+    Not ``asyncio.wait_for``: before Python 3.12 it can swallow the cancellation of its caller when
+    the message arrives in the same instant, and a request whose client left would then run on
+    to its end, holding its slot (messages arrive every few milliseconds while a worker streams)."""
+    if timeout_s is None:
+        return await channel.get()
+    if hasattr(asyncio, "timeout"):  # 3.11+
+        async with asyncio.timeout(timeout_s):
+            return await channel.get()
+    getter = asyncio.ensure_future(channel.get())
+    try:
+        done, _ = await asyncio.wait({getter}, timeout=timeout_s)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if not done:
+        raise asyncio.TimeoutError
+    return getter.result()
+
+
+async def reply(channel: Channel, timeout_s: float | None) -> Any:
+    """The one message a single-answer request (count, compact) gets, within ``timeout_s``."""
+    try:
+        return await next_message(channel, timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(504, "The model backend did not answer in time.", code="server_error") from None
+
+
+async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None = None, options: DoorOptions = NO_OPTIONS) -> int:
+    """Ask a worker how many tokens ``body`` renders to."""
+    from kiln.protocol import CountTokens, TokenCount
+
+    request = worker_request(body, options=options)
+    try:
+        worker = pool.pick(model, routing_key(body, options.session))
+    except NoWorker:
+        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded")
+    req_id = uuid.uuid4().hex
+    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, request=request))
+    try:
+        message = await reply(channel, timeout_s)
+    finally:
+        pool.close(channel, cancel=not channel.finished)
+    if isinstance(message, TokenCount):
+        return message.input_tokens
+    if isinstance(message, Failed):
+        raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
+    raise ApiError(502, "The worker answered a token count with something else.")

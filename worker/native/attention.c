@@ -1,0 +1,154 @@
+/* Attention for a prefill chunk: many new tokens per row, causal among themselves, over the
+ * row's past in the cache.
+ *
+ * Why: the pass's attention (decode.c) takes one query row (token, head) at a time, and for each
+ * key a dot product of head_dim floats ending in a horizontal sum; that suits a decode step's
+ * few rows but made a 512-token chunk's attention cost about as much as its products. Here a
+ * task is one row's KV head and a block of its tokens: every query head of the group (they share
+ * the KV head) for up to 64 / group tokens. Keys are taken 16 at a time, transposed once into a
+ * (head_dim, 16) tile that all the task's queries multiply (16 scores per vector multiply-add, no
+ * horizontal sums), and the softmax is the online kind (a running maximum and sum per query,
+ * the output rescaled when the maximum grows), so no score row as long as the context is kept.
+ * The result equals the one-row version's up to float rounding (checked by the tests' long
+ * prompts against mlx).
+ *
+ * Portable vector code (GCC/Clang vector extensions): AVX-512, AVX2 or NEON as compiled.
+ * Included by decode.c.
+ */
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* Tokens per row from which a pass's attention goes through attention_chunk. */
+#define KILN_CHUNK_ATTENTION 16
+
+static inline v16f load16(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* e^x, 16 lanes: exp8's polynomial (Cephes' expf, within 2 ulp), x clamped to [-87, 88]. */
+static inline v16f exp16(v16f x) {
+    const v16f lo = (v16f){0} - 87.f, hi = (v16f){0} + 88.f;
+    x = (v16f)(((v16i)lo & (x < lo)) | ((v16i)x & ~(x < lo)));
+    x = (v16f)(((v16i)hi & (x > hi)) | ((v16i)x & ~(x > hi)));
+    v16f fx = x * 1.44269504088896341f + 0.5f;
+    v16i n = __builtin_convertvector(fx, v16i);
+    n += (v16i)(__builtin_convertvector(n, v16f) > fx);
+    v16f nf = __builtin_convertvector(n, v16f);
+    v16f r = x - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    v16i e = (n + 127) << 23;
+    return p * (v16f)e;
+}
+
+static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
+
+/* 16 keys' dot products with q: four chains of multiply-adds (one would wait on each). */
+static inline v16f scores16(const float *q, const float *kt, int D) {
+    v16f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    int i = 0;
+    for (; i + 4 <= D; i += 4) {
+        s0 += q[i] * load16(kt + i * 16);
+        s1 += q[i + 1] * load16(kt + (i + 1) * 16);
+        s2 += q[i + 2] * load16(kt + (i + 2) * 16);
+        s3 += q[i + 3] * load16(kt + (i + 3) * 16);
+    }
+    for (; i < D; i++) s0 += q[i] * load16(kt + i * 16);
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* o = o * scale + sum_j p[j] v_j over `used` value rows, o held in registers throughout (D a
+ * multiple of 16, at most 256: a constant where inlined). */
+static inline __attribute__((always_inline)) void weigh_values(float *o, float scale, const float *p, int used, const float *v, const int D) {
+    v16f acc[16];
+    const int n = D / 16;
+    for (int k = 0; k < n; k++) acc[k] = load16(o + 16 * k) * scale;
+    for (int j = 0; j < used; j++) {
+        const float pj = p[j], *vj = v + (size_t)j * D;
+        for (int k = 0; k < n; k++) acc[k] += pj * load16(vj + 16 * k);
+    }
+    for (int k = 0; k < n; k++) store16(o + 16 * k, acc[k]);
+}
+
+/* Tokens of one task: the query heads of a KV head times this make about 64 query rows. */
+static int chunk_tokens(const kiln_model *m) {
+    int group = m->heads / m->kv_heads;
+    return group >= 64 ? 1 : 64 / group;
+}
+
+/* Scratch floats one thread of attention_chunk takes. */
+static long attention_chunk_floats(const kiln_model *m) {
+    long rows = (long)chunk_tokens(m) * (m->heads / m->kv_heads);
+    return (long)m->head_dim * 16 + rows * (m->head_dim + 2);
+}
+
+/* Token t of row b (query at qkv row b * T + t) sits at cache position idx + t and sees keys
+ * start[b] .. idx + t; its output goes to att. scratch: attention_chunk_floats floats for each
+ * thread, `stride` apart. */
+static void attention_chunk(const kiln_model *m, const kiln_cache *c, const float *qkv, long qkv_ld, float *att, int B, int T, int idx,
+                            const int32_t *start, float *scratch, long stride) {
+    const int H = m->heads, D = m->head_dim, KV = m->kv_heads, group = H / KV;
+    const int QB = chunk_tokens(m), blocks = (T + QB - 1) / QB;
+    const long qd = (long)H * D;
+    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < B * KV * blocks; task++) {
+        const int b = task / (KV * blocks), g = task / blocks % KV, t0 = task % blocks * QB;
+        const int nt = T - t0 < QB ? T - t0 : QB, R = nt * group;
+        float *kt = scratch + (size_t)thread_index() * stride;
+        float *acc = kt + (size_t)D * 16, *top = acc + (size_t)R * D, *sum = top + R;
+        for (int r = 0; r < R; r++) {
+            top[r] = -INFINITY;
+            sum[r] = 0.f;
+        }
+        memset(acc, 0, sizeof(float) * (size_t)R * D);
+        const float *keys = c->keys + b * c->k_row + g * c->k_head, *values = c->values + b * c->v_row + g * c->v_head;
+        const int first = start[b], last = idx + t0 + nt - 1;
+        for (int kb = first; kb <= last; kb += 16) {
+            const int nk = last - kb + 1 < 16 ? last - kb + 1 : 16;
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < 16; j++) kt[i * 16 + j] = j < nk ? keys[(size_t)(kb + j) * D + i] : 0.f;
+            for (int r = 0; r < R; r++) {
+                const int t = t0 + r / group, h = g * group + r % group, mine = idx + t - kb + 1; /* keys this query sees here */
+                if (mine <= 0) continue;
+                const float *q = qkv + (size_t)(b * T + t) * qkv_ld + (size_t)h * D;
+                v16f s = scores16(q, kt, D) * m->scale;
+                const v16i seen = lane < (mine < 16 ? mine : 16);
+                s = (v16f)(((v16i)s & seen) | ((v16i)((v16f){0} - INFINITY) & ~seen));
+                float best = top[r];
+                for (int j = 0; j < 16; j++) best = s[j] > best ? s[j] : best;
+                v16f p = (v16f)((v16i)exp16(s - best) & seen);
+                const float scale = expf(top[r] - best); /* 0 at the first block (top -inf) */
+                float total = 0.f;
+                for (int j = 0; j < 16; j++) total += p[j];
+                sum[r] = sum[r] * scale + total;
+                top[r] = best;
+                float *o = acc + (size_t)r * D, pv[16];
+                store16(pv, p);
+                const int used = mine < nk ? mine : nk;
+                const float *v = values + (size_t)kb * D;
+                if (D == 64) weigh_values(o, scale, pv, used, v, 64);
+                else if (D == 128) weigh_values(o, scale, pv, used, v, 128);
+                else if (D % 16 == 0 && D <= 256) weigh_values(o, scale, pv, used, v, D);
+                else {
+                    for (int i = 0; i < D; i++) o[i] *= scale;
+                    for (int j = 0; j < used; j++)
+                        for (int i = 0; i < D; i++) o[i] += pv[j] * v[(size_t)j * D + i];
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const int t = t0 + r / group, h = g * group + r % group;
+            float *out = att + (size_t)(b * T + t) * qd + (size_t)h * D, inv = 1.0f / sum[r];
+            for (int i = 0; i < D; i++) out[i] = acc[(size_t)r * D + i] * inv;
+        }
+    }
+}
