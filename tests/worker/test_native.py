@@ -210,9 +210,21 @@ def test_several_new_tokens_equal_single_steps(loader_model):
     tokens = np.array([[(5 * r + 3 * t + 2) % vocab for t in range(4)] for r in range(4)], np.int32)
     together = decoder.forward(tokens, cache)
     singly = np.stack([decoder(tokens[:, t : t + 1], other) for t in range(4)], axis=1)
-    np.testing.assert_allclose(together, singly, rtol=1e-5, atol=1e-5)
+    if decoder.blocks and decoder._kernels.gemm:
+        # 16 rows of GGUF blocks take the GEMM, whose float sums run in another order than the
+        # one-row loops': a value at a rounding edge of the next product's 8-bit activations may
+        # then round the other way, so the two agree within the build check's INT8 tolerance.
+        from kiln.worker.engine.native_decode import INT8
+
+        assert INT8.agree(together, singly)
+    else:
+        np.testing.assert_allclose(together, singly, rtol=1e-5, atol=1e-5)
     assert cache[0]._idx == other[0]._idx
-    np.testing.assert_array_equal(np.array(cache[-1].keys)[:, :, : cache[-1]._idx], np.array(other[-1].keys)[:, :, : other[-1]._idx])
+    ours, theirs = np.array(cache[-1].keys)[:, :, : cache[-1]._idx], np.array(other[-1].keys)[:, :, : other[-1]._idx]
+    if decoder.blocks and decoder._kernels.gemm:  # the GEMM's order of float sums, as above
+        np.testing.assert_allclose(ours, theirs, rtol=1e-2, atol=1e-2)
+    else:
+        np.testing.assert_array_equal(ours, theirs)
 
 
 def test_cache_grows_through_its_capacity(kernel, monkeypatch):
