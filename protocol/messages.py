@@ -38,6 +38,9 @@ class Register:
     pid: int = 0
     # What the model can do (protocol/capabilities.py ``Capabilities.to_map()``).
     features: dict[str, Any] = field(default_factory=dict)
+    # What the model's memory is, in bytes (worker/memory_report.py: weights, KV cache, the rest);
+    # empty where the engine does not say (scripted, upstream).
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

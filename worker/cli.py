@@ -110,6 +110,7 @@ def build_server(settings: WorkerSettings):
     from .setup import Constraints, model_extras
 
     ready = None  # the MLX and scripted engines are ready once built
+    memory: dict[str, int] = {}  # what the loaded model's memory is (mlx engine only)
     if settings.engine == "scripted":
         from .scripted import ByteTokenizer, ScriptedScheduler
 
@@ -156,6 +157,10 @@ def build_server(settings: WorkerSettings):
     if settings.engine == "mlx":
         scheduler.wait_set_up()  # register only once a request would be served at once
         log.info("engine ready")
+        from .memory_report import log_memory, memory_report
+
+        memory = memory_report(loaded.model, window)
+        log_memory(model_id, memory)
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)
     discovery = None
@@ -165,4 +170,4 @@ def build_server(settings: WorkerSettings):
         discovery = RedisDiscovery(settings.discover_redis, settings.redis_namespace)
     features = describe(tokenizer, settings.tool_parser, constraints, settings.max_output_tokens).to_map()
     return WorkerServer(list(settings.gateway), service, model_id=model_id, aliases=aliases, context_window=window, capacity=settings.max_batch, queue_depth=settings.queue_depth,
-        features=features, secret=settings.worker_secret, discovery=discovery, ready=ready)
+        features=features, secret=settings.worker_secret, discovery=discovery, ready=ready, memory=memory)

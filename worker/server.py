@@ -147,7 +147,7 @@ class Outbox:
 
 class WorkerServer:
     def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None,
-        secret: str | None = None, discovery: Any = None, ready: Callable[[], bool] | None = None) -> None:
+        secret: str | None = None, discovery: Any = None, ready: Callable[[], bool] | None = None, memory: dict[str, int] | None = None) -> None:
         self.gateways = [gateways] if isinstance(gateways, str) else list(gateways)
         # Gateways advertised in Redis (worker/discovery.py), served besides the given ones.
         self.discovery = discovery
@@ -169,6 +169,7 @@ class WorkerServer:
             queue_depth=queue_depth,
             pid=os.getpid(),
             features=features or {},
+            memory=memory or {},
         )
         self._stop = threading.Event()
         self._register_frame = encode(self.register)

@@ -121,6 +121,13 @@ idle_stop = "5s"
             assert caps["default_max_output_tokens"] == 4096
             assert (m["load"], m["loaded"]) == ("always", True)
         assert qwen["capabilities"]["tools_in_template"] is True
+        # What each model's memory is: the KV cache at the served window, the weights (the tiny
+        # Q8_0 file's blocks mapped on the CPU; the bundled model's float32 copies are not).
+        memory = qwen["memory"]
+        assert memory["context_window"] == 512 and memory["kv_cache_bytes"] == 512 * memory["kv_bytes_per_token"] > 0
+        assert small["memory"]["weights_mapped_bytes"] == 0 and small["memory"]["weights_bytes"] > 400e6
+        assert 0 < memory["weights_bytes"] < small["memory"]["weights_bytes"] and memory["rss_bytes"] > memory["other_bytes"] > 0
+        assert "memory" not in later
         assert (later["load"], later["loaded"], later["status"], later["idle_stop_s"]) == ("on-demand", False, "not_loaded", 5.0)
         assert "capabilities" not in later  # not known before it has ever run
         # The OpenAI SDK reads the list (Kiln's fields ride along as extras).

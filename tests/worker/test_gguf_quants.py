@@ -19,7 +19,7 @@ EXPECTED = {
     "Q4_0": ("affine 4-bit g32", 4), "Q4_1": ("affine 4-bit g32", 4), "Q5_0": ("affine 5-bit g32", 5),
     "Q5_1": ("affine 5-bit g32", 5), "Q8_0": ("affine 8-bit g32", 8), "Q4_K": ("affine 4-bit g32", 4),
     "Q5_K": ("affine 5-bit g32", 5), "Q6_K": ("float16", None), "Q3_K": ("float16", None),
-    "Q2_K": ("float16", None), "BF16": ("bfloat16", None),
+    "Q2_K": ("float16", None), "IQ4_NL": ("float16", None), "IQ4_XS": ("float16", None), "BF16": ("bfloat16", None),
 }  # fmt: skip
 K_ROUNDED = {"Q4_K", "Q5_K"}  # scale d * sc and bias -dmin * m rounded to float16
 SHAPES = [(6, 512), (2, 3, 256)]  # a matrix and a stacked-experts tensor
@@ -27,7 +27,7 @@ SHAPES = [(6, 512), (2, 3, 256)]  # a matrix and a stacked-experts tensor
 
 def _stored(rng: np.random.Generator, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
     qtype = Q[type_name]
-    if type_name.endswith("_K"):
+    if type_name.endswith("_K") or type_name.startswith("IQ4"):
         return k_blocks(rng, shape, qtype)
     w = (0.05 * rng.standard_normal(shape)).astype(np.float32)
     w.reshape(-1)[::97] *= 40  # outliers: wide blocks

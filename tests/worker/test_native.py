@@ -182,8 +182,8 @@ def test_forward_pass_agrees_with_mlx(loader_model, kernel, rows):
 
     decoder = NativeDecoder.build(loader_model)
     assert decoder is not None and decoder.int8 == kernel.int8
-    tolerance = INT8 if decoder.int8 else FLOAT32
-    vocab = loader_model.model.embed_tokens.weight.shape[0]
+    tolerance = INT8 if decoder.int8 or decoder.blocks else FLOAT32  # blocks: 8-bit always
+    vocab = loader_model.args.vocab_size
     prompts = prompts_for(rows, vocab)
     ref_cache = prefilled(loader_model, prompts)
     ours_cache = prefilled(loader_model, prompts)
@@ -204,15 +204,27 @@ def test_several_new_tokens_equal_single_steps(loader_model):
     from kiln.worker.engine.native_decode import NativeDecoder
 
     decoder = NativeDecoder.build(loader_model)
-    vocab = loader_model.model.embed_tokens.weight.shape[0]
+    vocab = loader_model.args.vocab_size
     cache = prefilled(loader_model, prompts_for(4, vocab))
     other = copied(cache)
     tokens = np.array([[(5 * r + 3 * t + 2) % vocab for t in range(4)] for r in range(4)], np.int32)
     together = decoder.forward(tokens, cache)
     singly = np.stack([decoder(tokens[:, t : t + 1], other) for t in range(4)], axis=1)
-    np.testing.assert_allclose(together, singly, rtol=1e-5, atol=1e-5)
+    if decoder.blocks and decoder._kernels.gemm:
+        # 16 rows of GGUF blocks take the GEMM, whose float sums run in another order than the
+        # one-row loops': a value at a rounding edge of the next product's 8-bit activations may
+        # then round the other way, so the two agree within the build check's INT8 tolerance.
+        from kiln.worker.engine.native_decode import INT8
+
+        assert INT8.agree(together, singly)
+    else:
+        np.testing.assert_allclose(together, singly, rtol=1e-5, atol=1e-5)
     assert cache[0]._idx == other[0]._idx
-    np.testing.assert_array_equal(np.array(cache[-1].keys)[:, :, : cache[-1]._idx], np.array(other[-1].keys)[:, :, : other[-1]._idx])
+    ours, theirs = np.array(cache[-1].keys)[:, :, : cache[-1]._idx], np.array(other[-1].keys)[:, :, : other[-1]._idx]
+    if decoder.blocks and decoder._kernels.gemm:  # the GEMM's order of float sums, as above
+        np.testing.assert_allclose(ours, theirs, rtol=1e-2, atol=1e-2)
+    else:
+        np.testing.assert_array_equal(ours, theirs)
 
 
 def test_cache_grows_through_its_capacity(kernel, monkeypatch):
@@ -368,11 +380,11 @@ def test_native_prefill_leaves_the_cache_mlx_leaves(loader_model):
     from kiln.worker.engine.native_decode import FLOAT32, INT8, NativeDecoder
 
     decoder = NativeDecoder.build(loader_model)
-    vocab = loader_model.model.embed_tokens.weight.shape[0]
+    vocab = loader_model.args.vocab_size
     prompts = [[(13 * r + 5 * j + 3) % vocab for j in range(11)] for r in range(3)]
     ours = prefilled(loader_model, [[1]] * 3)  # a cached past of one token, then the prompts
     theirs = prefilled(loader_model, [[1] + p for p in prompts])
     decoder.prefill(np.array(prompts, np.int32), ours)
     step = mx.array([[7], [8], [9]])
     ref = np.array(loader_model(step, cache=theirs)[:, -1])
-    assert (INT8 if decoder.int8 else FLOAT32).agree(decoder(step, ours), ref)
+    assert (INT8 if decoder.int8 or decoder.blocks else FLOAT32).agree(decoder(step, ours), ref)

@@ -1,4 +1,5 @@
-"""The native kernels read a GGUF's own blocks (Q4_0, Q8_0, Q4_K, Q6_K) exactly as gguf-py's
+"""The native kernels read a GGUF's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+IQ4_NL, IQ4_XS) exactly as gguf-py's
 reference dequantizes them, and a Q4_K_M-style model decodes natively straight from its file.
 
 Bounds. Dequantization is bit-exact. A product takes 8-bit activations (per 32 values, scale
@@ -23,9 +24,10 @@ from gguf import GGMLQuantizationType as Q
 
 from kiln.worker.native import build as native
 
-TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
-# Byte offsets of each type's float16 block scales (d, and dmin for Q4_K).
-F16_FIELDS = {Q.Q4_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
+# Byte offsets of each type's float16 block fields (d, and m / dmin where the type has one).
+F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
+              Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=[v.name for v in native.variants()])
@@ -69,8 +71,10 @@ def _block_bound(b: np.ndarray, qtype: Q, k: int) -> np.ndarray:
     block, size = GGML_QUANT_SIZES[qtype]
     per = b.reshape(b.shape[0], -1, size)
     f16 = [np.abs(per[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float64)) for at in F16_FIELDS[qtype]]
-    bound = {Q.Q4_0: lambda: f16[0] * 31, Q.Q8_0: lambda: f16[0] * 511, Q.Q4_K: lambda: f16[0] * 63 * 15 + f16[1] * 63,
-             Q.Q6_K: lambda: f16[0] * 128 * 127}[qtype]()  # fmt: skip
+    bound = {Q.Q4_0: lambda: f16[0] * 31, Q.Q4_1: lambda: f16[0] * 31 + f16[1], Q.Q5_0: lambda: f16[0] * 63,
+             Q.Q5_1: lambda: f16[0] * 63 + f16[1], Q.Q8_0: lambda: f16[0] * 511, Q.Q4_K: lambda: f16[0] * 63 * 15 + f16[1] * 63,
+             Q.Q5_K: lambda: f16[0] * 63 * 31 + f16[1] * 63, Q.Q6_K: lambda: f16[0] * 128 * 127,
+             Q.IQ4_NL: lambda: f16[0] * 255, Q.IQ4_XS: lambda: f16[0] * 32 * 255}[qtype]()  # fmt: skip
     return np.repeat(bound, block, axis=-1)
 
 
@@ -149,7 +153,8 @@ def test_exact_product_is_dequantize_then_multiply(kernel, qtype, rows):
 
 def test_types_and_widths_outside_the_loops_are_refused(kernel):
     assert kernel.ggml_row_bytes(int(Q.Q4_K), 300) == -1  # not whole super-blocks
-    assert kernel.ggml_row_bytes(int(Q.Q5_K), 256) == -1  # not read in place (yet)
+    assert kernel.ggml_row_bytes(int(Q.Q3_K), 256) == -1  # not read in place (yet)
+    assert kernel.ggml_row_bytes(int(Q.IQ4_NL), 48) == -1  # not whole blocks
     b = blocks(np.random.default_rng(0), Q.Q4_K, 2, 256)
     with pytest.raises(ValueError):
         kernel.ggml_matmul(np.zeros((1, 512), np.float32), b, int(Q.Q4_K), 512)
@@ -205,7 +210,15 @@ def test_q4_k_m_model_decodes_natively_from_its_blocks(tmp_path, tokenizer_md, c
     assert f"GGUF blocks: Q4_K x 14, Q6_K x {head}" in caplog.text
 
 
-@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+# Types gguf-py writes from floats, and those written as random blocks with the super-block (or
+# block) scale that keeps a random model's activations as tame as Q4_K's at 2^-12: the scale
+# times the widest integer weight the type holds (Q4_K 63 * 15, Q5_K 63 * 31, Q6_K 32 * 128,
+# IQ4_NL 127, IQ4_XS 32 * 127).
+QUANTIZED_FROM_FLOATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+RANDOM_BLOCK_SCALES = {"Q4_K": 2.0**-12, "Q5_K": 2.0**-13, "Q6_K": 2.0**-15, "IQ4_NL": 2.0**-9, "IQ4_XS": 2.0**-15}
+
+
+@pytest.mark.parametrize("quant", [*QUANTIZED_FROM_FLOATS, *RANDOM_BLOCK_SCALES])
 def test_model_in_each_type_matches_mlx_step_by_step(tmp_path, tokenizer_md, quant, monkeypatch):
     """A tiny llama stored in one type (every matrix, embedding and head included), kept as
     blocks: the native pass's logits equal mlx's forward pass (which multiplies the exactly
@@ -219,10 +232,9 @@ def test_model_in_each_type_matches_mlx_step_by_step(tmp_path, tokenizer_md, qua
     if not keeps_gguf_blocks("auto"):
         pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
     monkeypatch.setattr(gguf_loader, "KEPT_TYPES", frozenset({quant}))
-    if quant.endswith("_K"):
-        # Q6_K's signed 8-bit scales times (q - 32) span ~8x Q4_K's: a smaller d keeps the random
-        # model's activations as tame as the others'.
-        loaded = _load(tmp_path, tokenizer_md, "llama", "K", k_types=(Q[quant],), k_scale=2.0**-15 if quant == "Q6_K" else 2.0**-12)
+    monkeypatch.setattr(gguf_loader, "AFFINE_FILE_TYPES", frozenset())  # Q4_1 too, here
+    if quant in RANDOM_BLOCK_SCALES:
+        loaded = _load(tmp_path, tokenizer_md, "llama", "K", k_types=(Q[quant],), k_scale=RANDOM_BLOCK_SCALES[quant])
     else:
         loaded = _load(tmp_path, tokenizer_md, "llama", quant)
     model = loaded.model
@@ -278,31 +290,64 @@ def test_rope_freqs_file_takes_the_native_path(tmp_path, tokenizer_md, monkeypat
     assert NativeDecoder.build(model) is None
 
 
-def test_q4_k_m_model_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md):
-    """End to end in the engine: the scheduler takes the native pass for a Q4_K_M-style file, a
-    short prompt prefills natively, a long one in chunks (natively where the build has the GEMM,
-    else through mlx's dequantized pieces), and greedy decoding from both matches mlx-lm's own generation on the same model's first token
-    (the later ones may differ by a near tie: 8-bit activations)."""
+# Files as llama-quantize mixes them (quant, the K types per layer; the embedding and head Q6_K
+# where it is one of them, as in Q4_K_M / Q5_K_M files), and what each kept type's product is.
+FILES = {
+    "Q4_K_M": ("K", (Q.Q4_K, Q.Q6_K)), "Q5_K_M": ("K", (Q.Q5_K, Q.Q6_K)), "Q8_0": ("Q8_0", ()), "Q4_0": ("Q4_0", ()),
+    "Q5_0": ("Q5_0", ()), "Q5_1": ("Q5_1", ()), "IQ4_NL": ("K", (Q.IQ4_NL,)), "IQ4_XS": ("K", (Q.IQ4_XS,)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(FILES))
+def test_file_serves_through_the_scheduler_on_the_native_path(tmp_path, tokenizer_md, kind):
+    """End to end in the engine, with the worker's own choice of what stays blocks: every
+    quantized matrix of the file stays its blocks (nothing converted), the scheduler takes the
+    native pass for it, a short prompt prefills natively, a long one in chunks (natively where
+    the build has the GEMM, else through mlx's dequantized pieces), and each first greedy token
+    is mlx's, or one within the build check's INT8 margin of it (2.5x that after a chunked
+    prefill): a random model's near tie that 8-bit activations may flip."""
+    from kiln.worker.engine.native_decode import INT8
     from kiln.worker.engine.scheduler import Scheduler
     from kiln.worker.loading.device import keeps_gguf_blocks
 
-    from .test_engine import Run, reference
+    from .test_engine import Run
 
     if not keeps_gguf_blocks("auto"):
         pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
-    model = _load(tmp_path, tokenizer_md, "llama", "K").model
+    quant, k_types = FILES[kind]
+    scale = min(RANDOM_BLOCK_SCALES[t.name] for t in k_types) if k_types else 2.0**-12
+    loaded = _load(tmp_path, tokenizer_md, "llama", quant, k_types=k_types, k_scale=scale)
+    stored = {t.name for t in k_types} or {quant}
+    assert loaded.info.extra["conversions"] == dict.fromkeys(sorted(stored), "GGUF blocks")
+    model = loaded.model
     vocab = model.model.embed_tokens.num_embeddings
     s = Scheduler(model, cache_bytes=0, max_batch=4, prefill_chunk=64)
     s.start()
     try:
         prompts = [[(7 * j + 1) % vocab for j in range(9)], [(13 * j + 5) % vocab for j in range(300)]]
         runs = [Run(p, temperature=0, max_tokens=6).submit(s) for p in prompts]
-        for p, r in zip(prompts, runs, strict=False):
+        for p, r, margin in zip(prompts, runs, (INT8.decided, 2.5 * INT8.decided), strict=True):
             assert len(r.wait(timeout=300).tokens) == 6
-            assert r.tokens[0] == reference(model, p, 1)[0]
-        assert s._batch.native is not None and "Q4_K" in s._batch.native.blocks
+            logits = np.array(model(mx.array([p]))[0, -1])
+            # The long prompt's five chunks each round their activations to 8 bits (the GEMM's
+            # prefill): a wider margin than one pass's.
+            assert logits[r.tokens[0]] >= logits.max() - margin
+        assert s._batch.native is not None
+        assert all(f"{t} x" in s._batch.native.blocks for t in stored)
     finally:
         s.stop()
+
+
+def test_q4_1_file_keeps_the_affine_layout(tmp_path, tokenizer_md):
+    """Q4_1 (the bundled model's type) is read by the kernels but not kept as blocks: its files
+    keep mlx's affine layout and packed kernel, whose figures the bundled model's are (the bundled
+    file's Q8_0 embedding too: tests/worker/test_loading.py)."""
+    from kiln.worker.loading.device import keeps_gguf_blocks
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    loaded = _load(tmp_path, tokenizer_md, "llama", "Q4_1")
+    assert loaded.info.extra["conversions"] == {"Q4_1": "affine 4-bit g32"}
 
 
 def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path, tokenizer_md, monkeypatch):

@@ -61,9 +61,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 GGUF_ARCH = {"mistral": "llama"}
 
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "K": 15}  # K: like Q4_K_M
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "K": 15}  # K: like Q4_K_M
 # Where the float16 super-block scales (d, and dmin where there is one) sit in each K block.
-K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q3_K: (108,), Q.Q2_K: (80, 82)}
+K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q3_K: (108,), Q.Q2_K: (80, 82), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}
 
 
 def _hyper(writer: GGUFWriter, arch: str, cfg: Mapping[str, Any], vocab: int) -> None:
@@ -134,7 +134,7 @@ def _gguf_name(name: str, block: Mapping[str, str], top: Mapping[str, str]) -> s
 
 
 def k_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: Q, scale: float | None = None) -> np.ndarray:
-    """Random valid K-quant blocks (gguf-py cannot encode K-quants) for a tensor of `shape`.
+    """Random valid K-quant (or IQ4) blocks (gguf-py cannot encode them) for a tensor of `shape`.
 
     Every byte is random but the float16 super-block scales: `scale` (and half of it for the
     minimum's) when given, else random positive values from 2^-16 to 2^-6, float16 subnormals
@@ -177,14 +177,15 @@ def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...], k
 
 
 def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path, *, seed: int = 0,
-               config: Mapping[str, Any] | None = None, iq4_nl: str | None = None,
+               config: Mapping[str, Any] | None = None, unreadable: str | None = None,
                tokenizer_model: str | None = None, chat_template: str | None = None,
                k_types: tuple[Q, ...] = (Q.Q4_K, Q.Q6_K, Q.Q5_K), k_scale: float = 2.0**-9,
                rope_factors: np.ndarray | None = None) -> tuple[Path, Path]:  # fmt: skip
     """Write `out/<case>-<quant>.gguf` and the equivalent mlx-lm folder; return both paths.
 
     `tokenizer_md` holds `tokenizer.*` keys as mx.load or tiny_spm gives them.
-    `iq4_nl` names a GGUF tensor to store as IQ4_NL instead (a type Kiln does not read);
+    `unreadable` names a GGUF tensor to store as Q8_1 instead (a type Kiln does not read: no file
+    type uses it, llama.cpp keeps it for activations);
     `tokenizer_model` overrides the GGUF's `tokenizer.ggml.model` (the folder keeps the real one);
     `chat_template` replaces the GGUF's (a tools-rendering ChatML one by default);
     `k_types` are the K types quant "K" cycles through, one per layer (the embedding and output
@@ -234,8 +235,8 @@ def write_pair(case: str, quant: str, tokenizer_md: Mapping[str, Any], out: Path
         folder_weights[name] = mx.array(decoded)
         on_disk = stored + gemma if gemma and name.endswith("norm.weight") else stored
         gguf_name = _gguf_name(name, block, top)
-        if gguf_name == iq4_nl:  # 18 bytes per 32 weights
-            on_disk, qtype = np.zeros((*w.shape[:-1], w.shape[-1] // 32 * 18), np.uint8), Q.IQ4_NL
+        if gguf_name == unreadable:  # 40 bytes per 32 weights
+            on_disk, qtype = np.zeros((*w.shape[:-1], w.shape[-1] // 32 * 40), np.uint8), Q.Q8_1
         writer.add_tensor(gguf_name, on_disk, raw_dtype=qtype)
     if rope_factors is not None:
         writer.add_tensor("rope_freqs.weight", np.ascontiguousarray(rope_factors, np.float32))

@@ -46,7 +46,7 @@ def resolve_weights(choice: str) -> str:
 
 
 def keeps_gguf_blocks(choice: str) -> bool:
-    """Whether a GGUF's K-quant matrices stay the file's blocks (loading/ggml_blocks.py): with
+    """Whether a GGUF's quantized matrices (of ggml_blocks.KEPT_TYPES) stay the file's blocks: with
     "auto" on the CPU where the native kernels are built, as the packed copies below are kept."""
     return choice == "auto" and on_cpu() and cpu_kernels() is not None
 

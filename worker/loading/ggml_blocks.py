@@ -3,8 +3,8 @@
 Why: a Q4_K_M GGUF (Q4_K plus Q6_K) used to become mlx's affine 4-bit layout and float16, and
 then, on the CPU, a float32 copy of every matrix for mlx's BLAS prefill plus a packed copy for
 the native decode kernels: a 669 MB 1B-shaped file took 5.3 GB. Here a matrix of a type the
-native kernels read (worker/native/ggml.c: Q4_0, Q8_0, Q4_K, Q6_K) stays the file's bytes,
-memory-mapped (pages the kernel may drop and re-read, shared with the page cache, as llama.cpp
+native kernels read (worker/native/ggml.c: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+IQ4_XS; all but Q4_1 kept, see KEPT_TYPES) stays the file's bytes, memory-mapped (pages the kernel may drop and re-read, shared with the page cache, as llama.cpp
 maps its files), and nothing else holds its values:
 
 - the native whole-step pass (engine/native_decode.py) multiplies those blocks in place with
@@ -29,10 +29,14 @@ import numpy as np
 from ..native.build import CpuKernels
 
 # GGML type ids of the types the native kernels read in place (gguf's GGMLQuantizationType).
-TYPE_IDS: dict[str, int] = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-# Types the CPU worker keeps as blocks. Q4_0 and Q8_0 files keep mlx's affine layout for now:
-# their affine kernels are the tuned ones the bundled model decodes with.
-KEPT_TYPES = frozenset({"Q4_K", "Q6_K"})
+TYPE_IDS: dict[str, int] = {
+    "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23,
+}  # fmt: skip
+# Types the CPU worker keeps as blocks: every type the kernels read but Q4_1, which keeps mlx's
+# affine layout and its packed kernel (packed.py): the bundled SmolLM2-135M is a Q4_1 file, and its
+# float32 prefill and tuned decode figures (docs/performance.md) are not re-measured on blocks.
+AFFINE_FILE_TYPES = frozenset({"Q4_1"})  # a file with one keeps every matrix in mlx's layout
+KEPT_TYPES = frozenset(TYPE_IDS) - AFFINE_FILE_TYPES
 # Floats of one dequantized piece when mlx multiplies (32 MB): what a prefill adds at most.
 _PIECE_FLOATS = 1 << 23
 # Rows up to which a product inside mlx's graph dequantizes in registers (reading the weights

@@ -22,10 +22,10 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .errors import UnsupportedModelError
-from .ggml_blocks import KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
+from .ggml_blocks import AFFINE_FILE_TYPES, KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_header import read_header
-from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf
+from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf
 from .gguf_vocab import UnsupportedTokenizerError
 from .info import ModelInfo
 from .tokenizer import Tokenizer
@@ -39,7 +39,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 _FILE_TYPES = {
     0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
     10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S",
-    15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
+    15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 25: "IQ4_NL", 30: "IQ4_XS", 32: "BF16",
 }  # fmt: skip
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|scales|biases|bias)$")
@@ -122,17 +122,21 @@ _BLOCK_MODULES = frozenset({"llama", "qwen2", "qwen3"})
 
 
 def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
-    """The GGML types to keep as the file's blocks: none unless asked, the kernels are built and
-    the architecture decodes natively."""
+    """The GGML types to keep as the file's blocks: none unless asked, the kernels are built, the
+    architecture decodes natively and the file has no type that keeps mlx's layout (a Q4_1 file
+    stays whole: the bundled one's embedding is Q8_0)."""
     if not keep_blocks:
         return frozenset()
     from ..native.build import cpu_kernels
 
     try:
-        arch = ARCHITECTURES.get(str(read_header(path).metadata.get("general.architecture")))
+        header = read_header(path)
     except (OSError, ValueError):
         return frozenset()  # read_gguf says what is wrong with the file
+    arch = ARCHITECTURES.get(str(header.metadata.get("general.architecture")))
     if arch is None or arch.module not in _BLOCK_MODULES or cpu_kernels() is None:
+        return frozenset()
+    if {ggml_type_name(t.type_id) for t in header.tensors} & AFFINE_FILE_TYPES:
         return frozenset()
     return KEPT_TYPES
 
@@ -170,8 +174,8 @@ def _build(arch: Architecture, args: dict[str, Any]) -> nn.Module:
 def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, Tokenizer, ModelInfo]:
     """Build the mlx-lm `Model`, our `Tokenizer` and `ModelInfo` from a GGUF file.
 
-    With `keep_blocks` (the CPU worker with native kernels), Q4_K/Q6_K matrices of llama-family
-    models stay the file's blocks (ggml_blocks.py). Other quantized weights stay in mlx's
+    With `keep_blocks` (the CPU worker with native kernels), the quantized matrices of llama-family
+    models stay the file's blocks where the kernels read their type (ggml_blocks.KEPT_TYPES). Other quantized weights stay in mlx's
     quantized layout where the file's type has one; `device.prepare_weights` decides later
     whether to dequantize them for the CPU.
     """

@@ -25,8 +25,8 @@ thousandths of one quantization step. Float16 rather than float32 scales keeps m
 layout: the GPU computes in float16 as with any mlx-community model, and the CPU worker's
 native kernel (packed.py), which reads float16 scales, takes Q4_K layers as they are.
 
-Q6_K, Q3_K and Q2_K use groups of 16, which mlx cannot multiply: they are dequantized with
-gguf-py's reference code to float16, which holds Q6_K's d * sc * (q - 32) to float16 rounding
+Q6_K, Q3_K and Q2_K use groups of 16, and IQ4_NL/IQ4_XS 16 non-linear levels, which mlx cannot
+multiply: they are dequantized with gguf-py's reference code to float16, which holds Q6_K's d * sc * (q - 32) to float16 rounding
 (the same bound). BF16 stays bfloat16 (exact).
 """
 
@@ -154,8 +154,11 @@ AFFINE: dict[str, _Affine] = {
 }
 # No mlx layout (groups of 16): dequantized by gguf-py to float16.
 DEQUANTIZED = frozenset({"Q6_K", "Q3_K", "Q2_K"})
+# No mlx layout either (16 non-linear levels): dequantized by gguf-py to float16 too, where the
+# CPU worker does not keep them as blocks (ggml_blocks.py).
+NONLINEAR = frozenset({"IQ4_NL", "IQ4_XS"})
 DENSE = frozenset({"F32", "F16", "BF16"})
-SUPPORTED = frozenset(AFFINE) | DEQUANTIZED | DENSE
+SUPPORTED = frozenset(AFFINE) | DEQUANTIZED | NONLINEAR | DENSE
 
 
 def layout(type_name: str) -> Layout:
@@ -165,6 +168,8 @@ def layout(type_name: str) -> Layout:
         return Layout(f"affine {spec.bits}-bit g{GROUP}", spec.note)
     if type_name in DEQUANTIZED:
         return Layout("float16", "dequantized: mlx has no 16-weight groups")
+    if type_name in NONLINEAR:
+        return Layout("float16", "dequantized: mlx has no non-linear levels")
     return Layout({"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[type_name])
 
 

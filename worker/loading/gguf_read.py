@@ -74,7 +74,8 @@ def _metadata(header: GGUFHeader) -> dict[str, Any]:
     return {k: mx.array(v) if isinstance(v, np.ndarray) else v for k, v in header.metadata.items()}
 
 
-def _type_name(type_id: int) -> str:
+def ggml_type_name(type_id: int) -> str:
+    """gguf's name of a GGML type id ("Q4_K"), or "#<id>" for one it does not know."""
     from gguf import GGMLQuantizationType
 
     try:
@@ -112,14 +113,14 @@ def read_gguf(path: str | Path, keep: frozenset[str] = frozenset()) -> GGUFConte
     types: Counter = Counter()
     names: dict[str, str] = {}
     for info in header.tensors:
-        type_name = _type_name(info.type_id)
-        if type_name not in SUPPORTED_TYPES:
+        name = ggml_type_name(info.type_id)
+        if name not in SUPPORTED_TYPES:
             raise UnsupportedTensorError(
-                f"{path.name}: tensor {info.name!r} has GGML type {type_name}, which Kiln "
+                f"{path.name}: tensor {info.name!r} has GGML type {name}, which Kiln "
                 f"cannot load (supported: {', '.join(sorted(SUPPORTED_TYPES))})"
             )
-        types[type_name] += 1
-        names[info.name] = type_name
+        types[name] += 1
+        names[info.name] = name
 
     if set(types) <= MX_NATIVE_TYPES and not keep & set(types):
         try:

@@ -41,8 +41,19 @@ static void *gemm_scratch(size_t bytes) {
     return gemm_buf;
 }
 
+/* The type's zero point z and whether it has an offset mt (ggml.c's table). */
 static int gemm_zero_point(int type) {
-    return type == KILN_Q4_0 ? 8 : type == KILN_Q8_0 ? 128 : type == KILN_Q6_K ? 32 : 0;
+    switch (type) {
+    case KILN_Q4_0: return 8;
+    case KILN_Q5_0: return 16;
+    case KILN_Q6_K: return 32;
+    case KILN_Q8_0: case KILN_IQ4_NL: case KILN_IQ4_XS: return 128;
+    }
+    return 0;
+}
+
+static int gemm_has_offset(int type) {
+    return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q4_1 || type == KILN_Q5_1;
 }
 
 /* Columns o0 .. o0 + n - 1 (n <= 16) of W decoded: u (K / 32 groups x 8 quads x 16 columns x 4
@@ -76,7 +87,7 @@ static void gemm_pack(int type, const uint8_t *q, long rb, int o0, int n, int K,
  * for c < n. */
 static inline __attribute__((always_inline)) void gemm_rows(int R, int type, int K, const kiln_act *a, int r0, const uint8_t *u, const float *s0,
                                                             const float *s1, const float *mt, float *y, long ldy, int n) {
-    const int G = K / 32, z = gemm_zero_point(type), halves = type == KILN_Q6_K, offset = type == KILN_Q4_K;
+    const int G = K / 32, z = gemm_zero_point(type), halves = type == KILN_Q6_K, offset = gemm_has_offset(type);
     __m512 acc[GEMM_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
@@ -141,7 +152,9 @@ static int gemm_column_tile(const kiln_qw *w, int t, const kiln_act *a, float *y
             else gemm_rows(R, KILN_Q6_K, K, a, r0, u, s0, s1, mt, yr, ldy, n);
             break;
         case KILN_Q4_0: gemm_rows(R, KILN_Q4_0, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
-        default: gemm_rows(R, KILN_Q8_0, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
+        case KILN_Q8_0: gemm_rows(R, KILN_Q8_0, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
+        case KILN_Q5_K: gemm_rows(R, KILN_Q5_K, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
+        default: gemm_rows(R, w->type, K, a, r0, u, s0, s1, mt, yr, ldy, n); break; /* Q4_1, Q5_0, Q5_1, IQ4 */
         }
     }
     return 0;

@@ -1,5 +1,5 @@
-/* Products straight from a GGUF file's own quantized blocks (Q4_0, Q8_0, Q4_K, Q6_K), against
- * 8-bit activations, with integer dot products.
+/* Products straight from a GGUF file's own quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+ * Q5_K, Q6_K, IQ4_NL, IQ4_XS), against 8-bit activations, with integer dot products.
  *
  * Why: a downloaded GGUF (Q4_K_M mixes Q4_K and Q6_K) used to be repacked into mlx's affine
  * layout where one matched and dequantized to float16 where none did (Q6_K, groups of 16), then
@@ -13,9 +13,17 @@
  *     w_l = f * c_h * (u_l - z) - mt          (h = l / 16)
  * | type | group                  | u                    | c0, c1        | f  | z   | mt       |
  * | Q4_0 | the block              | nibble               | 1, 1          | d  | 8   | 0        |
+ * | Q4_1 | the block              | nibble               | 1, 1          | d  | 0   | -m       |
+ * | Q5_0 | the block              | nibble + 16 qh bit   | 1, 1          | d  | 16  | 0        |
+ * | Q5_1 | the block              | nibble + 16 qh bit   | 1, 1          | d  | 0   | -m       |
  * | Q8_0 | the block              | q + 128 (q ^ 0x80)   | 1, 1          | d  | 128 | 0        |
  * | Q4_K | 1 of 8 per super-block | nibble               | sc_j, sc_j    | d  | 0   | dmin m_j |
+ * | Q5_K | 1 of 8 per super-block | nibble + 16 qh bit j | sc_j, sc_j    | d  | 0   | dmin m_j |
  * | Q6_K | 1 of 8 per super-block | 4 low + 2 high bits  | sc_2i, sc_2i+1 (signed) | d | 32 | 0 |
+ * | IQ4_NL | the block            | table[nibble] + 128  | 1, 1          | d  | 128 | 0        |
+ * | IQ4_XS | 1 of 8 per super-block | table[nibble] + 128 | ls_j - 32, ls_j - 32 | d | 128 | 0  |
+ * (IQ4's table is llama.cpp's 16 non-linear levels, -127..113; `- mt` with mt = -m computes
+ * d q + m bit for bit, as a - b is a + (-b) in IEEE arithmetic.)
  * Activations are quantized per block of 32 (dx = max|x| / 127, xi = round(x / dx)), and with
  * S_h = sum u_l xi_l and I_h = sum xi_l over half h of the group,
  *     sum_l w_l x_l ~= dx * (f * sum_h c_h (S_h - z I_h) - mt (I_0 + I_1))
@@ -28,15 +36,27 @@
  * AVX-512 VNNI builds (the latter two through vpdpbusd), portable C the others.
  */
 
-enum { KILN_AFFINE = 0, KILN_Q4_0 = 2, KILN_Q8_0 = 8, KILN_Q4_K = 12, KILN_Q6_K = 14 };
+enum {
+    KILN_AFFINE = 0, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7, KILN_Q8_0 = 8,
+    KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_IQ4_NL = 20, KILN_IQ4_XS = 23
+};
+
+/* IQ4_NL / IQ4_XS levels (llama.cpp's kvalues_iq4nl) plus 128: the unsigned u of the form. */
+static const uint8_t iq4_levels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
 /* Bytes of one row of K weights of `type`, or -1 for a type or width the loops do not take. */
 long kiln_ggml_row_bytes(int type, long K) {
     switch (type) {
     case KILN_Q4_0: return K % 32 ? -1 : K / 32 * 18;
+    case KILN_Q4_1: return K % 32 ? -1 : K / 32 * 20;
+    case KILN_Q5_0: return K % 32 ? -1 : K / 32 * 22;
+    case KILN_Q5_1: return K % 32 ? -1 : K / 32 * 24;
     case KILN_Q8_0: return K % 32 ? -1 : K / 32 * 34;
+    case KILN_IQ4_NL: return K % 32 ? -1 : K / 32 * 18;
     case KILN_Q4_K: return K % 256 ? -1 : K / 256 * 144;
+    case KILN_Q5_K: return K % 256 ? -1 : K / 256 * 176;
     case KILN_Q6_K: return K % 256 ? -1 : K / 256 * 210;
+    case KILN_IQ4_XS: return K % 256 ? -1 : K / 256 * 136;
     }
     return -1;
 }
@@ -52,34 +72,81 @@ typedef struct {
     float f, mt;
     int c0, c1, z;
     const uint8_t *src; /* where u's bytes start (the meaning depends on the type) */
-    int shift;          /* Q4_K: 0 low nibbles / 4 high; Q6_K: which of 4 groups in its half */
-    const uint8_t *qh;  /* Q6_K: the high bits */
+    int shift;          /* Q4_K/Q5_K: 0 low nibbles / 4 high; Q6_K: which of 4 groups in its half;
+                         * Q5_K: + 8 * the bit of qh that is the group's fifth */
+    const uint8_t *qh;  /* Q6_K, Q5_K: the high bits (32 bytes); Q5_0/Q5_1: the block's 4 bytes */
 } kiln_group;
+
+/* Q4_K/Q5_K's 6-bit scale and minimum of group j of a super-block (12 bytes at s). */
+static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Whether the type's 16-byte src holds weights 0-15 in its low nibbles, 16-31 in its high ones. */
+static inline int split_nibbles(int type) {
+    return type == KILN_Q4_0 || type == KILN_Q4_1 || type == KILN_Q5_0 || type == KILN_Q5_1 || type == KILN_IQ4_NL || type == KILN_IQ4_XS;
+}
 
 static inline kiln_group group_of(int type, const uint8_t *row, int g) {
     kiln_group G = {0};
-    if (type == KILN_Q4_0 || type == KILN_Q8_0) {
-        const uint8_t *b = row + (size_t)g * (type == KILN_Q4_0 ? 18 : 34);
+    G.c0 = G.c1 = 1;
+    switch (type) {
+    case KILN_Q4_0: case KILN_Q8_0: case KILN_IQ4_NL: {
+        const uint8_t *b = row + (size_t)g * (type == KILN_Q8_0 ? 34 : 18);
         G.f = f16_at(b);
-        G.c0 = G.c1 = 1;
         G.z = type == KILN_Q4_0 ? 8 : 128;
         G.src = b + 2;
-    } else if (type == KILN_Q4_K) {
-        const uint8_t *b = row + (size_t)(g / 8) * 144, *s = b + 4;
+        return G;
+    }
+    case KILN_Q4_1: {
+        const uint8_t *b = row + (size_t)g * 20;
+        G.f = f16_at(b);
+        G.mt = -f16_at(b + 2);
+        G.src = b + 4;
+        return G;
+    }
+    case KILN_Q5_0: case KILN_Q5_1: {
+        const int one = type == KILN_Q5_1;
+        const uint8_t *b = row + (size_t)g * (one ? 24 : 22);
+        G.f = f16_at(b);
+        G.mt = one ? -f16_at(b + 2) : 0.f;
+        G.z = one ? 0 : 16;
+        G.qh = b + 2 + 2 * one;
+        G.src = b + 6 + 2 * one;
+        return G;
+    }
+    case KILN_Q4_K: case KILN_Q5_K: {
+        const int five = type == KILN_Q5_K;
+        const uint8_t *b = row + (size_t)(g / 8) * (five ? 176 : 144);
         int j = g % 8, sc, mn;
-        if (j < 4) {
-            sc = s[j] & 63;
-            mn = s[j + 4] & 63;
-        } else {
-            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
+        k_scale_min(b + 4, j, &sc, &mn);
         G.f = f16_at(b);
         G.mt = f16_at(b + 2) * (float)mn;
         G.c0 = G.c1 = sc;
-        G.src = b + 16 + 32 * (j / 2);
-        G.shift = 4 * (j % 2);
-    } else { /* Q6_K: ql[128], qh[64], scales[16] (int8), d */
+        G.src = b + (five ? 48 : 16) + 32 * (j / 2);
+        G.shift = 4 * (j % 2) + 8 * j * five;
+        G.qh = five ? b + 16 : NULL;
+        return G;
+    }
+    case KILN_IQ4_XS: {
+        const uint8_t *b = row + (size_t)(g / 8) * 136;
+        int j = g % 8;
+        uint16_t sh;
+        memcpy(&sh, b + 2, 2);
+        int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+        G.f = f16_at(b);
+        G.c0 = G.c1 = ls - 32;
+        G.z = 128;
+        G.src = b + 8 + 16 * j;
+        return G;
+    }
+    default: { /* Q6_K: ql[128], qh[64], scales[16] (int8), d */
         const uint8_t *b = row + (size_t)(g / 8) * 210;
         int j = g % 8, h = j / 4, i = j % 4;
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * i;
@@ -90,16 +157,21 @@ static inline kiln_group group_of(int type, const uint8_t *row, int g) {
         G.src = b + 64 * h + 32 * (i & 1);
         G.shift = i;
         G.qh = b + 128 + 32 * h;
+        return G;
     }
-    return G;
+    }
 }
 
 static inline void group_u(int type, const kiln_group *G, uint8_t u[32]) {
     for (int l = 0; l < 32; l++) {
+        const int nib = l < 16 ? G->src[l] & 15 : G->src[l - 16] >> 4;
         switch (type) {
-        case KILN_Q4_0: u[l] = l < 16 ? G->src[l] & 15 : G->src[l - 16] >> 4; break;
+        case KILN_Q4_0: case KILN_Q4_1: u[l] = (uint8_t)nib; break;
+        case KILN_Q5_0: case KILN_Q5_1: u[l] = (uint8_t)(nib | ((G->qh[l / 8] >> (l % 8)) & 1) << 4); break;
+        case KILN_IQ4_NL: case KILN_IQ4_XS: u[l] = iq4_levels[nib]; break;
         case KILN_Q8_0: u[l] = G->src[l] ^ 0x80; break;
         case KILN_Q4_K: u[l] = (G->src[l] >> G->shift) & 15; break;
+        case KILN_Q5_K: u[l] = (uint8_t)(((G->src[l] >> (G->shift & 7)) & 15) | ((G->qh[l] >> (G->shift >> 3)) & 1) << 4); break;
         default: u[l] = (uint8_t)(((G->src[l] >> (4 * (G->shift >> 1))) & 15) | (((G->qh[l] >> (2 * G->shift)) & 3) << 4));
         }
     }
@@ -233,16 +305,36 @@ static inline float ggml_hsum8(__m256 v) {
 
 static inline __m256i group_u256(int type, const kiln_group *G) {
     const __m256i low4 = _mm256_set1_epi8(15);
-    switch (type) {
-    case KILN_Q4_0: {
+    if (split_nibbles(type)) {
         __m128i v = _mm_loadu_si128((const __m128i *)G->src), m = _mm_set1_epi8(15);
-        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+        __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+        if (type == KILN_Q5_0 || type == KILN_Q5_1) { /* bit l of the little-endian qh word: weight l */
+            uint32_t qh;
+            memcpy(&qh, G->qh, 4);
+            const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+            const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+            __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+            h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bits), bits);
+            return _mm256_or_si256(u, _mm256_and_si256(h, _mm256_set1_epi8(16)));
+        }
+        if (type == KILN_IQ4_NL || type == KILN_IQ4_XS) {
+            const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_levels));
+            return _mm256_shuffle_epi8(table, u);
+        }
+        return u;
     }
+    switch (type) {
     case KILN_Q8_0:
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)G->src), _mm256_set1_epi8((char)0x80));
     case KILN_Q4_K: {
         __m256i v = _mm256_loadu_si256((const __m256i *)G->src);
         return _mm256_and_si256(G->shift ? _mm256_srli_epi16(v, 4) : v, low4);
+    }
+    case KILN_Q5_K: {
+        __m256i v = _mm256_loadu_si256((const __m256i *)G->src), hi = _mm256_loadu_si256((const __m256i *)G->qh);
+        v = _mm256_and_si256(G->shift & 7 ? _mm256_srli_epi16(v, 4) : v, low4);
+        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(G->shift >> 3)), _mm256_set1_epi8(1));
+        return _mm256_or_si256(v, _mm256_slli_epi16(hi, 4));
     }
     default: {
         __m256i lo = _mm256_loadu_si256((const __m256i *)G->src), hi = _mm256_loadu_si256((const __m256i *)G->qh);
@@ -442,6 +534,28 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
 }
 #endif
 
+/* Every group of a row against M rows of activations, for the types without a loop of their own. */
+static inline __attribute__((always_inline)) void ggml_groups(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, __m256 *acc, float *extra) {
+    for (int g = 0; g < K / 32; g++) {
+        kiln_group G = group_of(type, row, g);
+        const __m256i u = group_u256(type, &G);
+        const __m256i sw = _mm256_sub_epi8(u, _mm256_set1_epi8((char)G.z)); /* u - z, signed */
+        const __m256i au = G.z ? _mm256_abs_epi8(sw) : u;
+        const __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const __m256i xi = _mm256_loadu_si256((const __m256i *)(a->gq + r * a->gq_ld + g * 32));
+            const __m256i i = GGML_DOT(_mm256_setzero_si256(), au, G.z ? _mm256_sign_epi8(xi, sw) : xi);
+            const float dx = a->gd[r * a->gd_ld + g];
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(cv, _mm256_set1_ps(dx)), acc[m]);
+            if (G.mt != 0.f) {
+                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                extra[m] -= dx * G.mt * (float)(is[0] + is[1]);
+            }
+        }
+    }
+}
+
 /* Types with a zero point multiply signed weights (u - z, |u - z| <= 128) as |u - z| by
  * sign(u - z) * xi, which vpdpbusd / maddubs take as unsigned x signed bytes without the zero
  * point's correction; Q4_K's offset is added per group from the activations' sums. */
@@ -462,19 +576,25 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
         acc[m] = _mm256_setzero_ps();
         extra[m] = 0.f;
     }
-    if (type == KILN_Q4_K) { /* the common case, by super-block: scales decoded once per 8 groups */
-        const __m256i low4 = _mm256_set1_epi8(15);
+    if (type == KILN_Q5_K) { /* by super-block: scales decoded once per 8 groups (Q4_K's loop before the k256/k512 ones) */
+        const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+        const int five = type == KILN_Q5_K;
         for (int sb = 0; sb < K / 256; sb++) {
-            const uint8_t *b = row + (size_t)sb * 144;
+            const uint8_t *b = row + (size_t)sb * (five ? 176 : 144);
             float sc[8], mt[8];
             for (int j = 0; j < 8; j++) {
-                kiln_group G = group_of(KILN_Q4_K, b, j);
+                kiln_group G = group_of(type, b, j);
                 sc[j] = G.f * (float)G.c0;
                 mt[j] = G.mt;
             }
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
             for (int j2 = 0; j2 < 4; j2++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j2));
-                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * j2));
+                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                if (five) { /* Q5_K: bit 2 j2 (and 2 j2 + 1) of each qh byte is the fifth bit of the pair's groups */
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j2)), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j2 + 1)), one), 4));
+                }
                 const int g = sb * 8 + 2 * j2;
                 for (int m = 0; m < M; m++) {
                     const long r = m0 + m;
@@ -492,23 +612,14 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
         for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
         return;
     }
-    for (int g = 0; g < K / 32; g++) {
-        kiln_group G = group_of(type, row, g);
-        const __m256i u = group_u256(type, &G);
-        const __m256i sw = _mm256_sub_epi8(u, _mm256_set1_epi8((char)G.z)); /* u - z, signed */
-        const __m256i au = G.z ? _mm256_abs_epi8(sw) : u;
-        const __m256 cv = _mm256_set_m128(_mm_set1_ps(G.f * (float)G.c1), _mm_set1_ps(G.f * (float)G.c0));
-        for (int m = 0; m < M; m++) {
-            const long r = m0 + m;
-            const __m256i xi = _mm256_loadu_si256((const __m256i *)(a->gq + r * a->gq_ld + g * 32));
-            const __m256i i = GGML_DOT(_mm256_setzero_si256(), au, G.z ? _mm256_sign_epi8(xi, sw) : xi);
-            const float dx = a->gd[r * a->gd_ld + g];
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(cv, _mm256_set1_ps(dx)), acc[m]);
-            if (G.mt != 0.f) {
-                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
-                extra[m] -= dx * G.mt * (float)(is[0] + is[1]);
-            }
-        }
+    switch (type) { /* one copy of the loop per type: its decoding folds into it */
+    case KILN_Q4_0: ggml_groups(M, KILN_Q4_0, row, K, a, m0, acc, extra); break;
+    case KILN_Q4_1: ggml_groups(M, KILN_Q4_1, row, K, a, m0, acc, extra); break;
+    case KILN_Q5_0: ggml_groups(M, KILN_Q5_0, row, K, a, m0, acc, extra); break;
+    case KILN_Q5_1: ggml_groups(M, KILN_Q5_1, row, K, a, m0, acc, extra); break;
+    case KILN_Q8_0: ggml_groups(M, KILN_Q8_0, row, K, a, m0, acc, extra); break;
+    case KILN_IQ4_NL: ggml_groups(M, KILN_IQ4_NL, row, K, a, m0, acc, extra); break;
+    default: ggml_groups(M, type, row, K, a, m0, acc, extra);
     }
     for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
 }
@@ -566,22 +677,28 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
  * activations are integers with 127 in every block, so their 8-bit form is exact. */
 static int ggml_selftest(void) {
     enum { K = 256 };
-    static const int types[] = {KILN_Q4_0, KILN_Q8_0, KILN_Q4_K, KILN_Q6_K};
+    /* type, bytes per block, weights per block, byte offsets of its float16 fields (-1: none) */
+    static const int types[][5] = {
+        {KILN_Q4_0, 18, 32, 0, -1}, {KILN_Q4_1, 20, 32, 0, 2}, {KILN_Q5_0, 22, 32, 0, -1}, {KILN_Q5_1, 24, 32, 0, 2},
+        {KILN_Q8_0, 34, 32, 0, -1}, {KILN_IQ4_NL, 18, 32, 0, -1}, {KILN_Q4_K, 144, 256, 0, 2}, {KILN_Q5_K, 176, 256, 0, 2},
+        {KILN_Q6_K, 210, 256, 208, -1}, {KILN_IQ4_XS, 136, 256, 0, -1},
+    };
     uint8_t row[K / 32 * 34];
     float x[K];
     int8_t xq[K];
     float d[K / 32];
     int32_t is[K / 16];
     for (int i = 0; i < K; i++) x[i] = i % 32 ? (float)((i * 37) % 255 - 127) : 127.f;
-    for (int t = 0; t < 4; t++) {
-        int type = types[t];
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
+        int type = types[t][0];
         long rb = kiln_ggml_row_bytes(type, K);
         for (long i = 0; i < rb; i++) row[i] = (uint8_t)((i * 101 + 7 * t) % 256);
-        /* float16 scales: 1/64 (and dmin 1/128) where the type has them */
+        /* float16 scales: 1/64 (and a minimum or offset of 1/128) where the type has them */
         const uint16_t s1 = 0x2400, s2 = 0x2000;
-        if (type == KILN_Q4_K) { memcpy(row, &s1, 2); memcpy(row + 2, &s2, 2); }
-        else if (type == KILN_Q6_K) memcpy(row + 208, &s1, 2);
-        else for (int b = 0; b < K / 32; b++) memcpy(row + b * (type == KILN_Q4_0 ? 18 : 34), &s1, 2);
+        for (int b = 0; b < K / types[t][2]; b++) {
+            memcpy(row + b * types[t][1] + types[t][3], &s1, 2);
+            if (types[t][4] >= 0) memcpy(row + b * types[t][1] + types[t][4], &s2, 2);
+        }
         double ref = 0.0, mag = 0.0;
         uint8_t u[32];
         for (int g = 0; g < K / 32; g++) {

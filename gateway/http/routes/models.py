@@ -2,8 +2,8 @@
 
 Each entry is OpenAI's model object (``id``, ``object``, ``created``, ``owned_by``) plus Kiln's
 fields (docs/api.md#models): ``context_window`` and ``max_output_tokens``, ``aliases``, ``load``
-and ``loaded``, and ``capabilities`` as the model's worker reported them when it registered
-(protocol/capabilities.py). The list is the connected workers' models and, with ``--config``, every
+and ``loaded``, ``capabilities`` (protocol/capabilities.py) and ``memory`` (worker/memory_report.py)
+as the model's worker reported them when it registered. The list is the connected workers' models and, with ``--config``, every
 model of the file: one that is not loaded (an on-demand model before its first request, or after
 its idle stop) is listed with ``loaded: false`` and what its workers reported the last time they
 ran, or only what the file says before they ever have.
@@ -38,6 +38,8 @@ def _model_object(model_id: str, created: int, handle: WorkerHandle | None, entr
         obj["idle_stop_s"] = entry.idle_stop_s
     if handle is not None:
         obj["capabilities"] = handle.capabilities.to_map()
+        if handle.info.memory:
+            obj["memory"] = {k: int(v) for k, v in handle.info.memory.items()}
     return obj
 
 

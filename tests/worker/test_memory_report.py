@@ -1,0 +1,66 @@
+"""The worker says what its model's memory is: the weights (the mapped file's part among them), the
+KV cache at the served context, and the rest (worker/memory_report.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from kiln.worker.loading.gguf_header import read_header
+from kiln.worker.loading.loader import load_model
+from kiln.worker.memory_report import log_memory, memory_report
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory, gguf_path):
+    from .tiny_gguf import write_pair
+
+    _, md = mx.load(str(gguf_path), return_metadata=True)
+    path, _ = write_pair("llama", "Q8_0", md, tmp_path_factory.mktemp("memory"))
+    return path
+
+
+def _quantized_bytes(path) -> int:
+    """Bytes of the file's quantized tensors, from its header."""
+    total = 0
+    for t in read_header(path).tensors:
+        qtype = GGMLQuantizationType(t.type_id)
+        if qtype.name not in ("F32", "F16"):
+            block, size = GGML_QUANT_SIZES[qtype]
+            total += int(np.prod(t.shape)) // block * size
+    return total
+
+
+def test_blocks_are_the_mapped_weights_and_the_kv_cache_follows_the_context(tiny_q8, caplog):
+    from kiln.worker.loading.device import keeps_gguf_blocks
+
+    loaded = load_model(str(tiny_q8))
+    args = loaded.model.args
+    report = memory_report(loaded.model, 512)
+    head_dim = args.hidden_size // args.num_attention_heads
+    per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * head_dim * 4  # float32 keys and values
+    assert report["kv_bytes_per_token"] == per_token
+    assert report["kv_cache_bytes"] == per_token * 512 and report["context_window"] == 512
+    if keeps_gguf_blocks("auto"):  # the CPU worker keeps Q8_0 as the file's blocks
+        assert report["weights_mapped_bytes"] == _quantized_bytes(tiny_q8)
+        assert report["weights_bytes"] - report["weights_mapped_bytes"] < report["weights_mapped_bytes"] / 10  # norms only
+    assert report["other_bytes"] == max(0, report["rss_bytes"] - report["weights_bytes"]) and report["rss_bytes"] > 0
+    with caplog.at_level(logging.INFO, logger="kiln.worker.loading"):
+        log_memory("tiny", report)
+    assert "memory of tiny: weights" in caplog.text and "a sequence at 512 tokens" in caplog.text
+
+
+def test_float32_copies_are_weights_not_mapped(gguf_model):
+    """The bundled model on the CPU is float32 copies plus packed ones: nothing mapped, and the
+    weights are more than the file (4 bytes a weight against ~0.6)."""
+    from kiln.worker.loading.device import on_cpu
+
+    if not on_cpu():
+        pytest.skip("the float32 copies are the CPU's")
+    report = memory_report(gguf_model.model, 8192)
+    assert report["weights_mapped_bytes"] == 0
+    assert report["weights_bytes"] > 4 * gguf_model.source_path.stat().st_size

@@ -1,0 +1,96 @@
+"""What a loaded model's memory is: its weights, its KV cache, and the rest (issue 25).
+
+Why: a user sizing a machine for a model needs the three figures llama.cpp prints at load, not
+only the worker's resident set. They are said once in the load log and announced to the gateway,
+which lists them in ``/v1/models`` (``memory``, docs/api.md):
+
+- ``weights_bytes``: every weight the model holds: mlx's parameters, the packed copies the
+  native decode kernels read (loading/packed.py) and the GGUF blocks kept in place
+  (loading/ggml_blocks.py); ``weights_mapped_bytes`` is the part that is the memory-mapped file
+  itself (pages shared with the page cache, which the kernel may drop and read again).
+- ``kv_cache_bytes``: the keys and values of one sequence at the served context window
+  (``kv_bytes_per_token`` times the window), in the dtype the model computes in; each running
+  request holds its own, up to ``max_batch``, and the prompt cache up to ``cache_bytes`` more.
+- ``other_bytes``: the resident set when the worker is ready, less the weights: the runtime
+  (Python, mlx, the tokenizer) and its buffers. ``rss_bytes`` is that resident set.
+
+The KV figure is computed from the model's shape (layers, KV heads, head width), not measured:
+architectures with sliding-window layers (Gemma) hold less than it says on those layers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .memory import resident_bytes
+
+log = logging.getLogger("kiln.worker.loading")
+
+
+def _weights(model: nn.Module) -> tuple[int, int]:
+    """(all weight bytes, of which the mapped GGUF file's) of a loaded model."""
+    from .loading.ggml_blocks import ggml_weights
+
+    total = sum(v.nbytes for _, v in tree_flatten(model.parameters()) if isinstance(v, mx.array))
+    mapped = 0
+    seen: set[int] = set()
+    for _, module in model.named_modules():
+        blocks = ggml_weights(module)
+        if blocks is not None and id(blocks.blocks) not in seen:
+            seen.add(id(blocks.blocks))
+            mapped += blocks.blocks.nbytes
+        packed = getattr(module, "_packed", None)
+        if packed is not None and id(packed) not in seen:
+            seen.add(id(packed))
+            total += packed.q.nbytes + packed.scales.nbytes + packed.biases.nbytes
+    return total + mapped, mapped
+
+
+def _compute_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype activations (and so the KV cache) take: the embedding's output dtype."""
+    embed = getattr(getattr(model, "model", model), "embed_tokens", None)
+    for name in ("scales", "weight"):  # a quantized embedding's scales, else a dense weight
+        value = getattr(embed, name, None) if embed is not None else None
+        if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
+            return value.dtype
+    return mx.float32  # GGUF blocks: dequantized to float32
+
+
+def kv_bytes_per_token(model: nn.Module) -> int | None:
+    """Keys and values one token takes in every layer, or None where the shape is not known."""
+    args = getattr(model, "args", None)
+    layers = getattr(args, "num_hidden_layers", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or (args.hidden_size // heads if heads and getattr(args, "hidden_size", None) else None)
+    if not (layers and kv_heads and head_dim):
+        return None
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * _compute_dtype(model).size
+
+
+def memory_report(model: nn.Module, context_window: int) -> dict[str, int]:
+    """The figures of the module docstring, measured now (call it once the engine is ready)."""
+    weights, mapped = _weights(model)
+    per_token = kv_bytes_per_token(model)
+    rss = resident_bytes()
+    report = {"weights_bytes": weights, "weights_mapped_bytes": mapped, "rss_bytes": rss, "other_bytes": max(0, rss - weights)}
+    if per_token is not None:
+        report.update(kv_bytes_per_token=per_token, kv_cache_bytes=per_token * context_window, context_window=context_window)
+    return report
+
+
+def log_memory(model_id: str, report: dict[str, Any]) -> None:
+    """The load log's memory line, e.g. "memory: weights 671 MB (671 MB mapped from the file), KV
+    cache 268 MB a sequence at 8192 tokens, the rest 140 MB (resident 812 MB)"."""
+    mb = lambda key: report.get(key, 0) / 1e6  # noqa: E731
+    kv = f"KV cache {mb('kv_cache_bytes'):.0f} MB a sequence at {report['context_window']} tokens" if "kv_cache_bytes" in report else "KV cache size unknown"
+    log.info(
+        "memory of %s: weights %.0f MB (%.0f MB mapped from the file), %s, the rest %.0f MB (resident %.0f MB)",
+        model_id, mb("weights_bytes"), mb("weights_mapped_bytes"), kv, mb("other_bytes"), mb("rss_bytes"),
+        extra={"memory": report},
+    )  # fmt: skip
