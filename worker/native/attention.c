@@ -28,26 +28,8 @@ static inline v16f load16(const float *p) {
     return v;
 }
 
-/* e^x, 16 lanes: exp8's polynomial (Cephes' expf, within 2 ulp), x clamped to [-87, 88]. */
-static inline v16f exp16(v16f x) {
-    const v16f lo = (v16f){0} - 87.f, hi = (v16f){0} + 88.f;
-    x = (v16f)(((v16i)lo & (x < lo)) | ((v16i)x & ~(x < lo)));
-    x = (v16f)(((v16i)hi & (x > hi)) | ((v16i)x & ~(x > hi)));
-    v16f fx = x * 1.44269504088896341f + 0.5f;
-    v16i n = __builtin_convertvector(fx, v16i);
-    n += (v16i)(__builtin_convertvector(n, v16f) > fx);
-    v16f nf = __builtin_convertvector(n, v16f);
-    v16f r = x - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    v16i e = (n + 127) << 23;
-    return p * (v16f)e;
-}
+/* e^x, 16 lanes: exp8's polynomial (decode.c's KILN_DEFINE_EXP). */
+KILN_DEFINE_EXP(exp16, v16f, v16i)
 
 static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
 

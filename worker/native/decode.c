@@ -110,32 +110,35 @@ typedef struct {
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-/* e^x, 8 lanes (Cephes' expf, within 2 ulp), any x: clamped to [-87, 88]. Portable vector
- * code: the compiler emits SSE, AVX or NEON for it. glibc's expf is scalar. */
-static inline v8f select8(v8i mask, v8f yes, v8f no) {
-    return (v8f)(((v8i)yes & mask) | ((v8i)no & ~mask));
-}
+/* KILN_DEFINE_EXP(name, vf, vi): `static vf name(vf x)` = e^x lane by lane, for a float
+ * vector type vf and the int32 vector type vi of its width (Cephes' expf, within 2 ulp; any x:
+ * clamped to [-87, 88]). Why a macro: exp8 here and attention.c's exp16 are the same polynomial
+ * at two widths, and one definition keeps its constants in one place while each width stays a
+ * single vector expression (portable vector code: the compiler emits SSE, AVX, AVX-512 or NEON
+ * for it; glibc's expf is scalar). */
+#define KILN_DEFINE_EXP(name, vf, vi)                                                              \
+    static inline vf name(vf x) {                                                                  \
+        const vf lo = (vf){0} - 87.f, hi = (vf){0} + 88.f;                                         \
+        x = (vf)(((vi)lo & (x < lo)) | ((vi)x & ~(x < lo)));                                       \
+        x = (vf)(((vi)hi & (x > hi)) | ((vi)x & ~(x > hi)));                                       \
+        vf fx = x * 1.44269504088896341f + 0.5f;                                                   \
+        vi n = __builtin_convertvector(fx, vi);                                                    \
+        n += (vi)(__builtin_convertvector(n, vf) > fx); /* truncation to floor: -1 where it rounded up */ \
+        vf nf = __builtin_convertvector(n, vf);                                                    \
+        vf r = x - nf * 0.693359375f;                                                              \
+        r = r - nf * -2.12194440e-4f;                                                              \
+        vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;                                            \
+        p = p * r + 8.3334519073e-3f;                                                              \
+        p = p * r + 4.1665795894e-2f;                                                              \
+        p = p * r + 1.6666665459e-1f;                                                              \
+        p = p * r + 5.0000001201e-1f;                                                              \
+        p = p * (r * r) + r + 1.0f;                                                                \
+        vi e = (n + 127) << 23;                                                                    \
+        return p * (vf)e;                                                                          \
+    }
 
-static inline v8f exp8(v8f x) {
-    const v8f lo = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f};
-    const v8f hi = {88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f};
-    x = select8(x < lo, lo, x);
-    x = select8(x > hi, hi, x);
-    v8f fx = x * 1.44269504088896341f + 0.5f;
-    v8i n = __builtin_convertvector(fx, v8i);
-    n += (v8i)(__builtin_convertvector(n, v8f) > fx); /* truncation to floor: -1 where it rounded up */
-    v8f nf = __builtin_convertvector(n, v8f);
-    v8f r = x - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    v8i e = (n + 127) << 23;
-    return p * (v8f)e;
-}
+/* e^x, 8 lanes. */
+KILN_DEFINE_EXP(exp8, v8f, v8i)
 
 static inline v8f load8(const float *p) {
     v8f v;

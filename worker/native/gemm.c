@@ -187,20 +187,13 @@ static int gemm_takes(int rows) {
 int kiln_ggml_gemm(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
 #ifdef KILN_GEMM
     if (M < 1 || N < 1 || kiln_ggml_row_bytes(type, K) < 0) return -1;
-    int8_t *xq = malloc((size_t)M * K);
-    float *d = malloc(sizeof(float) * (size_t)M * (K / 32));
-    int32_t *is = malloc(sizeof(int32_t) * (size_t)M * (K / 16));
-    if (!xq || !d || !is) {
-        free(xq); free(d); free(is);
-        return -2;
-    }
-    kiln_act a = {.M = M, .K = K, .type = type, .gq = xq, .gd = d, .gsum = is, .gq_ld = K, .gd_ld = K / 32, .gsum_ld = K / 16};
-    for (int m = 0; m < M; m++) ggml_quantize_row(K, x + (size_t)m * K, xq + (size_t)m * K, d + (size_t)m * (K / 32), is + (size_t)m * (K / 16));
+    kiln_act a;
+    if (ggml_act_quantize(&a, type, M, K, x) != 0) return -2;
     kiln_qw w = {.q = q, .n = N, .k = K, .type = type};
     int tiles = (N + GEMM_COLS - 1) / GEMM_COLS, failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) if ((long)M * N * K >= parallel_macs) reduction(| : failed)
     for (int t = 0; t < tiles; t++) failed |= gemm_column_tile(&w, t, &a, y, N) != 0;
-    free(xq); free(d); free(is);
+    ggml_act_free(&a);
     return failed ? -2 : 0;
 #else
     return kiln_ggml_matmul(type, M, N, K, q, x, y);

@@ -647,10 +647,10 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
 }
 #endif
 
-/* y (M, N) = x (M, K) @ W.T for W's N rows of `type` blocks, with 8-bit activations (any M).
- * Returns 0, or -1 for a type or width the loops do not take, -2 when out of memory. */
-int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
-    if (M < 1 || kiln_ggml_row_bytes(type, K) < 0) return -1;
+/* a = x's M rows (width K) in 8-bit form: the activations of the standalone products
+ * (kiln_ggml_matmul, kiln_ggml_gemm), in buffers of their own rather than the pass's scratch.
+ * Returns 0, or -2 out of memory (then nothing is held). Release with ggml_act_free. */
+static int ggml_act_quantize(kiln_act *a, int type, int M, int K, const float *x) {
     int8_t *xq = malloc((size_t)M * K);
     float *d = malloc(sizeof(float) * (size_t)M * (K / 32));
     int32_t *is = malloc(sizeof(int32_t) * (size_t)M * (K / 16));
@@ -658,8 +658,22 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
         free(xq); free(d); free(is);
         return -2;
     }
-    kiln_act a = {.M = M, .K = K, .type = type, .gq = xq, .gd = d, .gsum = is, .gq_ld = K, .gd_ld = K / 32, .gsum_ld = K / 16};
+    *a = (kiln_act){.M = M, .K = K, .type = type, .gq = xq, .gd = d, .gsum = is, .gq_ld = K, .gd_ld = K / 32, .gsum_ld = K / 16};
     for (int m = 0; m < M; m++) ggml_quantize_row(K, x + (size_t)m * K, xq + (size_t)m * K, d + (size_t)m * (K / 32), is + (size_t)m * (K / 16));
+    return 0;
+}
+
+/* Frees what ggml_act_quantize allocated. */
+static void ggml_act_free(kiln_act *a) {
+    free(a->gq); free(a->gd); free(a->gsum);
+}
+
+/* y (M, N) = x (M, K) @ W.T for W's N rows of `type` blocks, with 8-bit activations (any M).
+ * Returns 0, or -1 for a type or width the loops do not take, -2 when out of memory. */
+int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
+    if (M < 1 || kiln_ggml_row_bytes(type, K) < 0) return -1;
+    kiln_act a;
+    if (ggml_act_quantize(&a, type, M, K, x) != 0) return -2;
     kiln_qw w = {.q = q, .n = N, .k = K, .type = type};
     int parallel = (long)M * N * K >= parallel_macs;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -668,7 +682,7 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
             int rows = M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS;
             ggml_tile(rows, &w, o, &a, m0, y + (size_t)m0 * N + o, N);
         }
-    free(xq); free(d); free(is);
+    ggml_act_free(&a);
     return 0;
 }
 
