@@ -48,6 +48,11 @@ def main(**options: Any) -> None:
         from .loading.blas import reexec_with_openblas
 
         reexec_with_openblas(sys.argv)
+        # Before the engine imports mlx_lm: its package __init__ imports transformers, which
+        # the GGUF path never uses (~1-1.5 s of a start; see mlx_lm_import.py).
+        from .loading.mlx_lm_import import defer_package_init
+
+        defer_package_init()
     configure(settings.log_level)
     from .loading.errors import ModelNotFoundError, UnsupportedModelError
 

@@ -24,7 +24,7 @@ from mlx.utils import tree_unflatten
 from .errors import UnsupportedModelError
 from .ggml_blocks import AFFINE_FILE_TYPES, KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
-from .gguf_header import read_header
+from .gguf_header import GGUFHeader, read_header
 from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf
 from .gguf_vocab import UnsupportedTokenizerError
 from .info import ModelInfo
@@ -121,18 +121,15 @@ def _rename(contents: GGUFContents, arch: Architecture) -> dict[str, mx.array]:
 _BLOCK_MODULES = frozenset({"llama", "qwen2", "qwen3"})
 
 
-def _kept_types(path: Path, keep_blocks: bool) -> frozenset[str]:
+def _kept_types(header: GGUFHeader | None, keep_blocks: bool) -> frozenset[str]:
     """The GGML types to keep as the file's blocks: none unless asked, the kernels are built, the
     architecture decodes natively and the file has no type that keeps mlx's layout (a Q4_1 file
-    stays whole: the bundled one's embedding is Q8_0)."""
-    if not keep_blocks:
+    stays whole: the bundled one's embedding is Q8_0). `header` None: unreadable (read_gguf says
+    what is wrong with the file)."""
+    if not keep_blocks or header is None:
         return frozenset()
     from ..native.build import cpu_kernels
 
-    try:
-        header = read_header(path)
-    except (OSError, ValueError):
-        return frozenset()  # read_gguf says what is wrong with the file
     arch = ARCHITECTURES.get(str(header.metadata.get("general.architecture")))
     if arch is None or arch.module not in _BLOCK_MODULES or cpu_kernels() is None:
         return frozenset()
@@ -180,8 +177,12 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, T
     whether to dequantize them for the CPU.
     """
     path = Path(path)
+    try:  # parsed once: a large vocabulary makes the header a sizeable part of a start
+        header: GGUFHeader | None = read_header(path)
+    except (OSError, ValueError):
+        header = None  # read_gguf reads it again and says what is wrong with the file
     try:
-        contents = read_gguf(path, _kept_types(path, keep_blocks))
+        contents = read_gguf(path, _kept_types(header, keep_blocks), header=header)
     except UnsupportedTensorError as exc:
         raise UnsupportedModelError(str(exc)) from exc
     except ValueError as exc:

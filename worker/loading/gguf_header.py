@@ -21,6 +21,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,19 @@ class _Cursor:
         self.pos += n
         return text
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row, as `string` reads them: one tight loop, because a vocabulary
+        and its merges are ~100k-300k of them and this loop is most of a header's parse."""
+        buf, pos, out = self.buf, self.pos, []
+        length = _U64.unpack_from
+        for _ in range(count):
+            (n,) = length(buf, pos)
+            pos += 8
+            out.append(str(buf[pos : pos + n], "utf-8", "replace"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, type_id: int) -> Any:
         if type_id == _STRING:
             return self.string()
@@ -64,6 +78,8 @@ class _Cursor:
                 out = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
                 self.pos += dtype.itemsize * count
                 return out
+            if item_type == _STRING:
+                return self.strings(count)
             return [self.value(item_type) for _ in range(count)]
         if type_id not in _SCALARS:
             raise ValueError(f"unknown GGUF value type {type_id}")

@@ -98,16 +98,17 @@ def _raw(mapped: np.ndarray, info: TensorInfo, type_name: str) -> np.ndarray:
     return data.reshape(*rows, row_bytes)
 
 
-def read_gguf(path: str | Path, keep: frozenset[str] = frozenset()) -> GGUFContents:
+def read_gguf(path: str | Path, keep: frozenset[str] = frozenset(), header: GGUFHeader | None = None) -> GGUFContents:
     """Tensors (by GGUF name) and metadata of the file at `path`; matrices of the types in
     `keep` stay the file's blocks (`GGUFContents.blocks`, views of the mapped file) instead.
+    `header`: the file's header where the caller has parsed it already (not parsed twice).
 
     Raises UnsupportedTensorError naming the first tensor of an unknown type, and
     ValueError for a file that is not GGUF.
     """
     path = Path(path)
     try:
-        header = read_header(path)
+        header = header if header is not None else read_header(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
     types: Counter = Counter()
