@@ -1,6 +1,6 @@
 """The gateway-worker protocol: the only code both daemons import."""
 
-from .codec import InvalidRequest, ProtocolError, decode, encode
+from .codec import BadReport, InvalidRequest, ProtocolError, decode, encode
 from .messages import (
     PROTOCOL_VERSION,
     Cancel,
@@ -27,6 +27,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "DEFAULT_WORKERS_ADDRESS",
     "ProtocolError",
+    "BadReport",
     "InvalidRequest",
     "encode",
     "decode",

@@ -10,10 +10,11 @@ import msgpack
 
 from .messages import MESSAGE_TYPES
 from .request import GenerateRequest, InvalidParam
+from .usage import InvalidUsage, Usage
 
 # Fields that hold a typed value rather than plain msgpack values: encoded with ``to_wire()``,
 # decoded with ``from_wire()`` (which checks every range again).
-TYPED_FIELDS: dict[str, Any] = {"request": GenerateRequest}
+TYPED_FIELDS: dict[str, Any] = {"request": GenerateRequest, "usage": Usage}
 
 
 class ProtocolError(ValueError):
@@ -31,9 +32,25 @@ class InvalidRequest(ProtocolError):
         self.message = message
 
 
+class BadReport(ProtocolError):
+    """A well-formed frame from a worker whose usage no request can have (``reason`` says why):
+    not a frame to drop quietly but a worker to stop trusting (gateway/pool/workers.py)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"bad {kind}: {reason}")
+        self.kind = kind
+        self.reason = reason
+
+
 @functools.cache
 def _field_names(cls: Any) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _optional(cls: Any) -> frozenset[str]:
+    """The fields of ``cls`` that may be absent (None by default, as ``Event.usage``)."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.default is None)
 
 
 def encode(message: Any) -> bytes:
@@ -63,7 +80,7 @@ def decode(frame: bytes) -> Any:
     names = _field_names(cls)
     fields = {k: v for k, v in payload.items() if k in names}
     for name, typed in TYPED_FIELDS.items():
-        if name in fields:
+        if name in fields and not (fields[name] is None and name in _optional(cls)):
             try:
                 fields[name] = typed.from_wire(fields[name])
             except InvalidParam as exc:
@@ -71,6 +88,8 @@ def decode(frame: bytes) -> Any:
                 if not isinstance(req_id, str):
                     raise ProtocolError(f"bad {cls.__name__}: {exc}") from exc
                 raise InvalidRequest(req_id, exc.param, exc.message) from exc
+            except InvalidUsage as exc:
+                raise BadReport(cls.__name__, str(exc)) from exc
             except (TypeError, AttributeError) as exc:  # a shape no constructor takes
                 raise ProtocolError(f"bad {cls.__name__}.{name}: {exc}") from exc
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .request import GenerateRequest
+from .usage import Usage
 
 # 3: requests carry a typed ``GenerateRequest`` (protocol/request.py) instead of the create body.
 PROTOCOL_VERSION = 3
@@ -121,7 +122,7 @@ class Compacted:
     retained_indices: list[int]  # the newest whole turns, kept verbatim
     input_tokens_before: int
     input_tokens_after: int
-    usage: dict[str, Any]
+    usage: Usage
 
 
 @dataclass
@@ -139,15 +140,14 @@ class Event:
     One message carries what one token produced (often several events: an item opening and
     its first delta), so the per-message cost is paid once per token, not once per event.
 
-    ``usage`` is the request's running usage after the token(s) this message carries, shaped like
-    ``Done.usage`` (input_tokens, input_tokens_details.cached_tokens, output_tokens,
-    output_tokens_details.reasoning_tokens): what Done would report had the request ended here, so
-    the gateway can meter a stream that is cut off. Optional: older workers leave it out.
+    ``usage`` is the request's running usage after the token(s) this message carries: what Done
+    would report had the request ended here, so the gateway can meter a stream that is cut off.
+    Optional: an Event may leave it out.
     """
 
     req_id: str
     events: list[dict[str, Any]]
-    usage: dict[str, Any] | None = None
+    usage: Usage | None = None
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Done:
 
     req_id: str
     status: str
-    usage: dict[str, Any]
+    usage: Usage
     incomplete_details: dict[str, Any] | None = None
 
 

@@ -203,7 +203,7 @@ class GenerationService:
             count = lambda part: len(self.prompt_tokens(replace(bare, input=tuple(part))))  # noqa: E731
             split = compaction.plan(items, message.keep_tokens, count)
             if not split.summarized:  # nothing to summarize: all retained, no generation
-                emit(Compacted(req_id, "", split.kept, split.retained, before, before, {"input_tokens": 0, "output_tokens": 0}))
+                emit(Compacted(req_id, "", split.kept, split.retained, before, before, Usage()))
                 return
             summarized = [items[i] for i in split.summarized]
             budget = compaction.summary_budget(count(summarized), count([compaction.summary_message("")]), message.max_output_tokens)
@@ -218,16 +218,16 @@ class GenerationService:
         if len(prompt) >= window:
             return refuse("the part to summarize does not fit the context window")
 
-        def summarize(budget: int, spent: dict | None) -> EngineRequest:
-            def finished(summary: str, usage: dict) -> None:
+        def summarize(budget: int, spent: Usage | None) -> EngineRequest:
+            def finished(summary: str, usage: Usage) -> None:
                 if spent is not None:
-                    usage = {k: usage.get(k, 0) + spent.get(k, 0) for k in ("input_tokens", "output_tokens")}
+                    usage += spent
                 compacted = [items[i] for i in split.kept] + [compaction.summary_message(summary)] + [items[i] for i in split.retained]
                 after = len(self.prompt_tokens(replace(request, input=tuple(compacted))))
                 if after >= before and spent is None:
                     # One retry, tighter by the excess (and at most half the first budget),
                     # from the preparation threads: never resubmit from the scheduler's callback.
-                    tighter = compaction.retry_budget(budget, usage.get("output_tokens", 0), after - before)
+                    tighter = compaction.retry_budget(budget, usage.output_tokens, after - before)
                     if tighter is not None:
                         retry = summarize(tighter, usage)
                         self._prepare(req_id, lambda: self._submit(req_id, retry, emit), emit)
@@ -351,14 +351,14 @@ class _Run:
         if not self.failed:
             self.emit(Event(self.req_id, [], self.usage()))
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> Usage:
         """Usage so far: what Done would report if the request ended now."""
         return Usage(
             input_tokens=self.prompt_len,
             cached_tokens=self.request.cached_tokens if self.request is not None else 0,
             output_tokens=self.assembler.output_tokens,
             reasoning_tokens=self.assembler.reasoning_tokens,
-        ).to_map()
+        )
 
     def _flush(self) -> None:
         if self._pending:
@@ -400,7 +400,7 @@ class _Run:
 class _Collector:
     """Collects a whole generation as text (the compaction summary)."""
 
-    def __init__(self, service: GenerationService, req_id: str, prompt_len: int, finished: Callable[[str, dict], None], emit: Emit) -> None:
+    def __init__(self, service: GenerationService, req_id: str, prompt_len: int, finished: Callable[[str, Usage], None], emit: Emit) -> None:
         self.service = service
         self.req_id = req_id
         self.prompt_len = prompt_len
@@ -424,7 +424,7 @@ class _Collector:
             self.emit(Failed(self.req_id, 500, "server_error", "The model failed while generating the summary."))
             return
         self.parts.append(self.decoder.flush())
-        usage = {"input_tokens": self.prompt_len, "output_tokens": self.tokens}
+        usage = Usage(input_tokens=self.prompt_len, output_tokens=self.tokens)
         try:
             self.finished("".join(self.parts).strip(), usage)
         except Exception:

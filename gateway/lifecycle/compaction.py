@@ -49,7 +49,7 @@ class Compaction:
     item: dict[str, Any]  # the compaction output item
     kept: list[dict[str, Any]]  # system/developer messages
     retained: list[dict[str, Any]]
-    usage: dict[str, Any]
+    usage: Usage
     input_tokens_before: int
     input_tokens_after: int
     summarized: bool = True  # False: nothing preceded the latest user message, all was retained
@@ -139,8 +139,7 @@ async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int,
     items = wire["input"]
     retained = [_with_id(items[i]) for i in message.retained_indices]
     whole = [i for i in items if i.get("type") != "compaction_trigger"]
-    summary = Usage.from_map(message.usage)
-    usage = Usage(input_tokens=summary.input_tokens, output_tokens=summary.output_tokens).to_map()
+    usage = Usage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens)
     return Compaction(
         item=compaction_item(message.summary, retained),
         kept=[items[i] for i in message.kept_indices],
@@ -166,7 +165,7 @@ def compact_resource(result: Compaction, model: str) -> dict[str, Any]:
         "created_at": int(time.time()),
         "model": model,
         "output": [*(output_form(i) for i in (*result.kept, *result.retained)), result.item],
-        "usage": result.usage,
+        "usage": result.usage.to_map(),
     }
 
 
@@ -233,7 +232,7 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
         owner=generation.owner)
     if not result.summarized:  # asked for to make room, it made none
         raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
-    generation.compaction_usage = Usage.from_map(result.usage)  # billed with the response
+    generation.compaction_usage = result.usage  # billed with the response
     body["input"] = result.history
     generation.wire_input = expand_items(result.history)
     generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})

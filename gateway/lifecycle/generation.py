@@ -172,9 +172,8 @@ class Generation:
                 if isinstance(message, Event):
                     # One without events is progress while the worker prefills: alive, no output.
                     started = started or bool(message.events)
-                    running = getattr(message, "usage", None)
-                    if isinstance(running, dict):
-                        self.delivered_usage = Usage.from_map(running)
+                    if message.usage is not None:
+                        self.delivered_usage = message.usage
                     for event in message.events:
                         yield self._apply(event)
                 elif isinstance(message, Done):
@@ -218,9 +217,9 @@ class Generation:
         return event
 
 
-def complete_usage(usage: Usage | dict[str, Any] | None) -> dict[str, Any]:
-    """A usage (a worker's map, or a Usage) as the complete map the Responses schema requires."""
-    return (usage if isinstance(usage, Usage) else Usage.from_map(usage)).to_map()
+def complete_usage(usage: Usage | None) -> dict[str, Any]:
+    """A usage (none: zeros) as the complete map the Responses schema requires."""
+    return (usage or Usage()).to_map()
 
 
 def terminal_event(response: ResponseObject) -> dict[str, Any]:

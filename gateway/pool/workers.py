@@ -37,6 +37,7 @@ import zmq.asyncio
 
 from kiln.protocol import (
     PROTOCOL_VERSION,
+    BadReport,
     Cancel,
     Compact,
     Compacted,
@@ -54,6 +55,7 @@ from kiln.protocol import (
 )
 from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
+from kiln.protocol.usage import Usage
 
 from ..http.errors import ApiError
 from . import rendezvous
@@ -113,32 +115,16 @@ def _count(value: Any) -> int:
     return value if _is_count(value) else 0
 
 
-def usage_violation(usage: Any, limits: UsageLimits) -> str | None:
+def usage_violation(usage: Usage, limits: UsageLimits) -> str | None:
     """Why ``usage`` cannot be true for a request with ``limits``, or None when it can.
 
-    Absent fields count as zero (the gateway fills them in); present ones must be non-negative
-    integers within the limits, and the details within their totals.
+    Its shape (counts, details within their totals) was checked as the frame was decoded
+    (``Usage.from_wire``: a bad one is a ``BadReport``); here, only whether it fits the request.
     """
-    if not isinstance(usage, dict):
-        return "usage is not a map"
-    counts: dict[str, int] = {}
-    for key, bound in (("input_tokens", limits.max_input_tokens), ("output_tokens", limits.max_output_tokens), ("total_tokens", limits.max_input_tokens + limits.max_output_tokens)):
-        value = usage.get(key, 0)
-        if not _is_count(value):
-            return f"{key} is not a non-negative integer"
-        if value > bound:
-            return f"{key} {value} exceeds the request's limit of {bound}"
-        counts[key] = value
-    for parent, details_key, names in (("input_tokens", "input_tokens_details", ("cached_tokens", "cache_write_tokens")), ("output_tokens", "output_tokens_details", ("reasoning_tokens",))):
-        details = usage.get(details_key)
-        if details is None:
-            continue
-        if not isinstance(details, dict):
-            return f"{details_key} is not a map"
-        for name in names:
-            value = details.get(name, 0)
-            if not _is_count(value) or value > counts[parent]:
-                return f"{details_key}.{name} is not an integer between 0 and {parent}"
+    if usage.input_tokens > limits.max_input_tokens:
+        return f"input_tokens {usage.input_tokens} exceeds the request's limit of {limits.max_input_tokens}"
+    if usage.output_tokens > limits.max_output_tokens:
+        return f"output_tokens {usage.output_tokens} exceeds the request's limit of {limits.max_output_tokens}"
     return None
 
 
@@ -147,8 +133,7 @@ def report_violation(message: Any, limits: UsageLimits) -> str | None:
     if isinstance(message, Event):
         if not isinstance(message.events, list) or not all(isinstance(e, dict) for e in message.events):
             return "events is not a list of maps"
-        usage = getattr(message, "usage", None)  # running usage, where the worker sends it
-        return None if usage is None else usage_violation(usage, limits)
+        return None if message.usage is None else usage_violation(message.usage, limits)
     if isinstance(message, Done):
         return usage_violation(message.usage, limits)
     if isinstance(message, Compacted):
@@ -508,6 +493,11 @@ class WorkerPool:
             identity, payload = frames
             try:
                 message = decode(payload)
+            except BadReport as exc:
+                worker = self.workers.get(identity)
+                if worker is not None and identity not in self._retired:
+                    self._drop_liar(identity, worker, exc.kind, exc.reason)
+                continue
             except ProtocolError as exc:
                 log.warning("dropped frame from %r: %s", identity, exc)
                 continue

@@ -21,6 +21,7 @@ from kiln.gateway.http.app import create_app
 from kiln.gateway.pool.workers import WorkerHandle, WorkerPool
 from kiln.gateway.settings import Settings
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Generate, Register, TokenCount, decode, encode
+from kiln.protocol.usage import Usage
 
 MODEL = "kiln-fake"
 CONTEXT_WINDOW = 8192
@@ -48,11 +49,11 @@ class FakePool(WorkerPool):
         message = decode(encode(message))  # what a real worker would have received
         reply: Any = None
         if isinstance(message, Generate):
-            reply = Done(message.req_id, "completed", {"input_tokens": 3, "output_tokens": 0})
+            reply = Done(message.req_id, "completed", Usage(input_tokens=3))
         elif isinstance(message, CountTokens):
             reply = TokenCount(message.req_id, 3)
         elif isinstance(message, Compact):
-            usage = {"input_tokens": 3, "output_tokens": 1}
+            usage = Usage(input_tokens=3, output_tokens=1)
             reply = Compacted(message.req_id, "summary", [], [], 3, 1, usage)
         if reply is not None:
             await self._dispatch(identity, reply)

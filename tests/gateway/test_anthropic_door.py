@@ -22,6 +22,7 @@ from kiln.gateway.http.app import create_app
 from kiln.gateway.http.errors import ApiError
 from kiln.gateway.settings import Settings
 from kiln.protocol import Done, Event, Generate, decode, encode
+from kiln.protocol.usage import Usage
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for, local_app
 
 EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -229,7 +230,7 @@ class PlayingPool(FakePool):
         message = decode(encode(message))
         if not isinstance(message, Generate):
             return await super()._send(identity, message)
-        usage = {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5}
+        usage = Usage(input_tokens=9, output_tokens=5)
         for event in self.events:
             await self._dispatch(identity, Event(message.req_id, [event], usage))
         await self._dispatch(identity, Done(message.req_id, "completed", usage))

@@ -21,6 +21,7 @@ from kiln.gateway.pool import rendezvous
 from kiln.gateway.pool.workers import WorkerHandle, WorkerPool
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
 from kiln.protocol.request import GenerateRequest
+from kiln.protocol.usage import Usage
 
 from ..support import free_port
 
@@ -97,7 +98,7 @@ async def test_a_worker_that_finished_our_requests_has_room_before_its_next_hear
     await sock.send(encode(Heartbeat("w-1", active=1, queued=1)))
     await next_message(sock, Registered)
     assert worker.overloaded()
-    await sock.send(encode(Done("r-0", "completed", {"input_tokens": 1, "output_tokens": 1})))
+    await sock.send(encode(Done("r-0", "completed", Usage(input_tokens=1, output_tokens=1))))
     await asyncio.wait_for(channels[0].get(), 5)
     assert worker.load == 1 and not worker.overloaded()
     for channel in channels:
@@ -162,7 +163,7 @@ def refuse(req_id: str) -> list:
 
 def serve(req_id: str) -> list:
     item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": []}
-    return [Event(req_id, [{"type": "response.output_item.done", "output_index": 0, "item": item}]), Done(req_id, "completed", {"input_tokens": 1, "output_tokens": 1})]
+    return [Event(req_id, [{"type": "response.output_item.done", "output_index": 0, "item": item}]), Done(req_id, "completed", Usage(input_tokens=1, output_tokens=1))]
 
 
 async def run_generation(pool: WorkerPool, key: str) -> Generation:

@@ -9,18 +9,19 @@ import zmq
 from kiln.protocol import PROTOCOL_VERSION, Done, Generate, ProtocolError, Register, Registered, decode, encode
 from kiln.protocol.request import ContentPart, GenerateRequest, Message
 from kiln.protocol.security import secure_worker_socket
+from kiln.protocol.usage import Usage
 
 
 def test_round_trip_keeps_every_field():
     msg = Generate(req_id="r1", response_id="resp_1", request=GenerateRequest("m", input=(Message("user", (ContentPart("input_text", "hé"),)),)))
     assert decode(encode(msg)) == msg
-    done = Done("r1", "completed", {"input_tokens": 3}, None)
+    done = Done("r1", "completed", Usage(input_tokens=3), None)
     assert decode(encode(done)) == done
 
 
 def test_unknown_fields_from_a_newer_peer_are_ignored():
     frame = msgpack.packb({"t": "Done", "req_id": "r", "status": "completed", "usage": {}, "new_field": 1})
-    assert decode(frame) == Done("r", "completed", {}, None)
+    assert decode(frame) == Done("r", "completed", Usage(), None)
 
 
 @pytest.mark.parametrize("frame", [b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"t": "Nope"}), msgpack.packb({"t": "Done"})])

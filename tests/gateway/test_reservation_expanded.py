@@ -12,6 +12,7 @@ from kiln.gateway.accounts.admission import _reservation_tokens
 from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Done, Generate, decode, encode
+from kiln.protocol.usage import Usage
 from tests.conformance import assert_error
 from tests.gateway.inprocess import CONTEXT_WINDOW, MODEL, FakePool, bounded, client_for
 
@@ -36,7 +37,7 @@ class HoldingPool(FakePool):
     async def release(self) -> None:
         held, self.held = self.held, []
         for identity, message in held:
-            await self._dispatch(identity, Done(message.req_id, "completed", {"input_tokens": 3, "output_tokens": 1}))
+            await self._dispatch(identity, Done(message.req_id, "completed", Usage(input_tokens=3, output_tokens=1)))
 
 
 async def test_a_conversations_history_is_reserved_before_any_work(tmp_path):

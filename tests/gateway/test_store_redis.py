@@ -25,11 +25,12 @@ from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Cancel, Done, Event, Generate, decode, encode
 from kiln.protocol.request import Message
+from kiln.protocol.usage import Usage
 from tests.conformance import assert_error, assert_response, assert_stream
 from tests.gateway.inprocess import ANSWER_BOUND_S, MODEL, FakePool, bounded
 from tests.redis_support import RedisServer, drop_namespace, new_namespace, shared_redis_url
 
-USAGE = {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0}}
+USAGE = Usage(input_tokens=5, output_tokens=3)
 
 
 def _text(item: dict) -> str:

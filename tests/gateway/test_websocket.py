@@ -20,6 +20,7 @@ from kiln.gateway.doors.websocket.connection_state import ConnectionState
 from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
 from kiln.protocol import Generate
+from kiln.protocol.usage import Usage
 from tests.conformance.websocket import assert_ws_error, assert_ws_turn
 from tests.gateway.inprocess import MODEL, FakePool, hosted_app, local_app
 
@@ -157,10 +158,10 @@ class SlowPrefillPool(FakePool):
             self.log.append(("warm-up sent", loop.time()))
 
             async def prefill() -> None:
-                await self._dispatch(identity, Event(message.req_id, [], {"input_tokens": 1300, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0}))
+                await self._dispatch(identity, Event(message.req_id, [], Usage(input_tokens=1300)))
                 await asyncio.sleep(self.prefill_s)
                 self.log.append(("warm-up done", loop.time()))
-                await self._dispatch(identity, Done(message.req_id, "incomplete", {"input_tokens": 1300, "output_tokens": 1}, {"reason": "max_output_tokens"}))
+                await self._dispatch(identity, Done(message.req_id, "incomplete", Usage(input_tokens=1300, output_tokens=1), {"reason": "max_output_tokens"}))
 
             asyncio.ensure_future(prefill())
             return

@@ -19,6 +19,7 @@ import threading
 import time
 
 import httpx
+import msgpack
 import pytest
 import zmq
 import zmq.asyncio
@@ -27,6 +28,7 @@ from kiln.gateway.pool.workers import UsageLimits, WorkerPool, usage_violation
 from kiln.protocol import PROTOCOL_VERSION, Done, Event, Failed, Generate, Heartbeat, Register, Registered, decode, encode
 from kiln.protocol.request import GenerateRequest, Sampling
 from kiln.protocol.security import SecretError, derive_keys, is_local_endpoint, load_secret, secure_worker_socket
+from kiln.protocol.usage import InvalidUsage, Usage
 
 from ..conformance import assert_error
 from ..support import Kiln, free_port, sse_events
@@ -167,7 +169,7 @@ LIMITS = UsageLimits(max_input_tokens=2048, max_output_tokens=8)
     {},
 ])
 def test_usage_a_request_can_have(usage):
-    assert usage_violation(usage, LIMITS) is None
+    assert _violation(usage) is None
 
 
 @pytest.mark.parametrize("usage", [
@@ -180,11 +182,22 @@ def test_usage_a_request_can_have(usage):
     {"input_tokens": True, "output_tokens": 1},
     {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 6}},
     {"output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 3}},
-    {"input_tokens": 5, "total_tokens": 10**9},
+    {"input_tokens": 5, "total_tokens": -1},
+    {"input_tokens": 5, "input_tokens_details": [1]},
     [5, 8],
 ])
 def test_usage_no_request_can_have(usage):
-    assert usage_violation(usage, LIMITS) is not None
+    assert _violation(usage) is not None
+
+
+def _violation(wire: object) -> str | None:
+    """What the gateway makes of a worker's usage map: its shape is checked as the frame is
+    decoded, its size against the request's limits after."""
+    try:
+        usage = Usage.from_wire(wire)
+    except InvalidUsage as exc:
+        return str(exc)
+    return usage_violation(usage, LIMITS)
 
 
 async def test_a_worker_that_overreports_usage_is_dropped_and_its_request_fails():
@@ -201,10 +214,10 @@ async def test_a_worker_that_overreports_usage_is_dropped_and_its_request_fails(
         assert lied.limits == UsageLimits(2048, 8)
         await recv_within(liar, 5)
         await recv_within(liar, 5)
-        await liar.send(encode(Done("r0", "completed", {"input_tokens": 3, "output_tokens": 8})))
+        await liar.send(encode(Done("r0", "completed", Usage(input_tokens=3, output_tokens=8))))
         assert isinstance(await asyncio.wait_for(honest.get(), 10), Done)
         await liar.send(encode(Event("r1", [{"type": "response.output_text.delta", "delta": "x"}])))
-        await liar.send(encode(Done("r1", "completed", {"input_tokens": 3, "output_tokens": 100_000_000})))
+        await liar.send(encode(Done("r1", "completed", Usage(input_tokens=3, output_tokens=100_000_000))))
         assert isinstance(await asyncio.wait_for(lied.get(), 10), Event)
         failed = await asyncio.wait_for(lied.get(), 10)
         assert isinstance(failed, Failed) and failed.http_status == 502 and failed.code == "server_error"
@@ -223,6 +236,29 @@ async def test_a_worker_that_overreports_usage_is_dropped_and_its_request_fails(
         await pool.stop()
 
 
+async def test_a_worker_whose_usage_is_malformed_is_dropped_like_one_that_overreports():
+    # The frame decodes (it is a Done) but its usage is no count: not a frame to drop quietly,
+    # which would leave the request waiting, but a worker to stop trusting.
+    pool = WorkerPool(f"tcp://127.0.0.1:{free_port()}")
+    await pool.start()
+    ctx = zmq.asyncio.Context()
+    try:
+        liar = dealer(ctx, pool.bind, identity=b"w-odd")
+        await liar.send(encode(register()))
+        assert (await recv_within(liar, 10)).ok
+        channel = await pool.open(pool.pick("fake-model"), "r1", Generate("r1", "resp_1", GenerateRequest("fake-model")))
+        await recv_within(liar, 5)
+        await liar.send(msgpack.packb({"t": "Done", "req_id": "r1", "status": "completed", "usage": {"input_tokens": -3, "output_tokens": 1}}))
+        failed = await asyncio.wait_for(channel.get(), 10)
+        assert isinstance(failed, Failed) and failed.http_status == 502 and "-3" not in failed.message
+        assert not pool.workers
+        refusal = await recv_within(liar, 5)
+        assert isinstance(refusal, Registered) and not refusal.ok and refusal.error != "reregister"
+    finally:
+        ctx.destroy(linger=0)
+        await pool.stop()
+
+
 async def test_a_worker_cannot_answer_another_workers_request():
     pool = WorkerPool(f"tcp://127.0.0.1:{free_port()}")
     await pool.start()
@@ -234,8 +270,8 @@ async def test_a_worker_cannot_answer_another_workers_request():
         await b.send(encode(Register("w-b", "model-b", [], 2048, 1, 1)))
         assert (await recv_within(a, 10)).ok and (await recv_within(b, 10)).ok
         channel = await pool.open(pool.pick("model-a"), "ra", Generate("ra", "resp_a", GenerateRequest("model-a")))
-        await b.send(encode(Done("ra", "completed", {"output_tokens": 1})))
-        await a.send(encode(Done("ra", "incomplete", {"output_tokens": 2})))
+        await b.send(encode(Done("ra", "completed", Usage(output_tokens=1))))
+        await a.send(encode(Done("ra", "incomplete", Usage(output_tokens=2))))
         message = await asyncio.wait_for(channel.get(), 10)
         assert isinstance(message, Done) and message.status == "incomplete"
     finally:
@@ -292,7 +328,7 @@ def test_client_never_sees_usage_a_lying_worker_reports(tmp_path, streaming):
         client.start()
         generate = fake.wait_for(Generate)
         fake.sock.send(encode(Event(generate.req_id, [])))
-        fake.sock.send(encode(Done(generate.req_id, "completed", {"input_tokens": 3, "output_tokens": 100_000_000})))
+        fake.sock.send(encode(Done(generate.req_id, "completed", Usage(input_tokens=3, output_tokens=100_000_000))))
         client.join(60)
         assert not client.is_alive()
         if streaming:
@@ -451,7 +487,7 @@ async def test_reported_input_is_bounded_by_the_prompt_the_gateway_sent():
         channel = await pool.open(worker, "r1", Generate("r1", "resp_1", GenerateRequest("fake-model", sampling=Sampling(max_output_tokens=8))))
         assert channel.limits.max_input_tokens < 10_000 and channel.limits.max_output_tokens == 8
         await recv_within(liar, 5)
-        await liar.send(encode(Done("r1", "completed", {"input_tokens": 16_777_216, "output_tokens": 8})))
+        await liar.send(encode(Done("r1", "completed", Usage(input_tokens=16_777_216, output_tokens=8))))
         failed = await asyncio.wait_for(channel.get(), 10)
         assert isinstance(failed, Failed) and failed.http_status == 502
         assert not pool.workers

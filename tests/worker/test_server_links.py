@@ -18,6 +18,7 @@ import zmq
 
 from kiln.protocol import Cancel, CountTokens, Done, Event, Generate, Heartbeat, Register, Registered, TokenCount, decode, encode
 from kiln.protocol.request import GenerateRequest
+from kiln.protocol.usage import Usage
 from kiln.worker.server import WorkerServer
 
 WAIT_S = 15.0  # generous bound on anything the loop does within a few heartbeats
@@ -142,8 +143,8 @@ def test_each_request_is_answered_on_the_socket_it_came_from(gateways, worker):
     generate(a, worker, "from-a")
     generate(b, worker, "from-b")
     worker.emits["from-b"](Event("from-b", [{"type": "x"}]))
-    worker.emits["from-a"](Done("from-a", "completed", {}))
-    worker.emits["from-b"](Done("from-b", "completed", {}))
+    worker.emits["from-a"](Done("from-a", "completed", Usage()))
+    worker.emits["from-b"](Done("from-b", "completed", Usage()))
     assert a.next(Done).req_id == "from-a"
     assert b.next(Event).req_id == "from-b"
     assert b.next(Done).req_id == "from-b"
@@ -173,10 +174,10 @@ def test_a_finished_request_sends_nothing_more(gateways, worker):
     a, _ = gateways
     generate(a, worker, "r")
     emit = worker.emits["r"]
-    emit(Done("r", "completed", {}))
+    emit(Done("r", "completed", Usage()))
     emit(Event("r", [{"type": "late"}]))  # after the end (a bug) or after a cancel: dropped
     generate(a, worker, "next")
-    worker.emits["next"](Done("next", "completed", {}))
+    worker.emits["next"](Done("next", "completed", Usage()))
     assert a.next(Done).req_id == "r"
     assert a.next(Done).req_id == "next"
     assert a.received.empty()
@@ -209,7 +210,7 @@ def test_a_gateway_gone_silent_has_its_requests_cancelled_and_is_registered_with
         a.answering = True  # A is back (a restart on the same address looks the same)
         a.heartbeats.get(timeout=WAIT_S)  # heartbeats go to a gateway that took the Register
         generate(a, service, "after")
-        service.emits["after"](Done("after", "completed", {}))
+        service.emits["after"](Done("after", "completed", Usage()))
         assert a.next(Done).req_id == "after"
     finally:
         server.stop()

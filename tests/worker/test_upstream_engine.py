@@ -77,8 +77,8 @@ def test_each_engine_streams_the_reply_with_its_usage(upstream, tokenizer, kind,
     (message,) = items(inbox, "r")
     assert message["content"][0]["text"] == TEXT
     prompt = service.prompt_tokens(request)
-    assert done.usage["input_tokens"] == len(prompt) and done.usage["output_tokens"] == len(tokenizer.encode(TEXT))
-    assert done.usage["input_tokens_details"]["cached_tokens"] == cached  # the engine's own count
+    assert done.usage.input_tokens == len(prompt) and done.usage.output_tokens == len(tokenizer.encode(TEXT))
+    assert done.usage.cached_tokens == cached  # the engine's own count
     (body,) = fake.bodies
     sent = {"llama-server": lambda b: (b["prompt"], b["n_predict"], b["return_tokens"]), "vllm": lambda b: (b["prompt"], b["max_tokens"], b["return_token_ids"]),
         "sglang": lambda b: (b["input_ids"], b["sampling_params"]["max_new_tokens"], b["stream"])}[kind](body)

@@ -17,6 +17,7 @@ import pytest
 
 from kiln.protocol import Compact, CountTokens, Done, Event, Failed, Generate, TokenCount, decode, encode
 from kiln.protocol.request import ContentPart, GenerateRequest, Message, Sampling
+from kiln.protocol.usage import Usage
 from kiln.worker.engine import Scheduler
 from kiln.worker.preparation import Preparer
 from kiln.worker.scripted import ByteTokenizer, ScriptedScheduler
@@ -106,7 +107,7 @@ def test_bad_seed_among_concurrent_requests_fails_alone_on_the_real_engine(real_
     for req_id in ids:
         if req_id != "bad":
             done = inbox.final(req_id)
-            assert isinstance(done, Done) and done.usage["output_tokens"] == 6
+            assert isinstance(done, Done) and done.usage.output_tokens == 6
     assert real_engine.stats()["active"] == 0
 
 
@@ -131,14 +132,14 @@ def test_every_event_carries_the_usage_done_would_report(scripted):
     done = inbox.final("r")
     events = [m for m in inbox.of("r") if isinstance(m, Event)]
     assert isinstance(done, Done) and done.status == "incomplete"
-    counts = [e.usage["output_tokens"] for e in events]
-    assert counts == sorted(counts) and counts[-1] == done.usage["output_tokens"] == 5
+    counts = [e.usage.output_tokens for e in events]
+    assert counts == sorted(counts) and counts[-1] == done.usage.output_tokens == 5
     assert events[-1].usage == done.usage
-    assert set(events[0].usage) >= {"input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details"}
+    assert events[0].usage.input_tokens == done.usage.input_tokens > 0
 
 
 def test_event_usage_on_the_wire_is_optional_both_ways():
-    usage = {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0}}
+    usage = Usage(input_tokens=3, output_tokens=1)
     event = Event("r", [{"type": "response.output_text.delta", "delta": "a"}], usage)
     assert decode(encode(event)) == event
     old_worker = msgpack.packb({"t": "Event", "req_id": "r", "events": []})
