@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any
 
 try:
     import tomllib
@@ -68,7 +69,7 @@ class Catalog:
         return cls.from_dict(tomllib.loads(text, parse_float=Decimal))
 
     @classmethod
-    def from_dict(cls, data: dict) -> Catalog:
+    def from_dict(cls, data: dict[str, Any]) -> Catalog:
         models = data.get("models")
         if not isinstance(models, dict):
             raise CatalogError("the catalog needs a [models.\"<id>\"] table per served model")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -38,7 +39,7 @@ def async_url(url: str) -> str:
     return f"{_ASYNC_DRIVERS[scheme]}://{rest}"
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:  # the DB-API connection: untyped
     # WAL lets the CLI write while the gateway reads; busy_timeout makes concurrent writers wait
     # instead of failing; SQLite enforces foreign keys only when asked.
     cursor = dbapi_conn.cursor()
@@ -71,7 +72,7 @@ def _private_sqlite_file(path: str | None) -> None:
 def create_engine(url: str, *, schema: str | None = None) -> AsyncEngine:
     """An async engine for a plain URL; ``schema`` sets PostgreSQL's search_path (tests, tenancy)."""
     target = make_url(async_url(url))
-    connect_args: dict = {}
+    connect_args: dict[str, Any] = {}
     if schema is not None:
         if target.get_backend_name() != "postgresql":
             raise ValueError("a schema can only be chosen on PostgreSQL")

@@ -13,8 +13,10 @@ import secrets
 import string
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 
 from .db import Database
@@ -105,7 +107,7 @@ _INFO_COLUMNS = (
 )
 
 
-def _info(row) -> ApiKeyInfo:
+def _info(row: Row[Any, Any, Any, Any, Any]) -> ApiKeyInfo:
     return ApiKeyInfo(
         prefix=row.prefix,
         org_name=row.name,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -75,7 +76,7 @@ class RedisLimiter:
         self._count = redis.register_script(_COUNT)
 
     @classmethod
-    def from_url(cls, url: str, **kwargs) -> RedisLimiter:
+    def from_url(cls, url: str, **kwargs: Any) -> RedisLimiter:
         from ..store.redis.connection import connect  # bounded waits: a stalled Redis fails closed fast
 
         return cls(connect(url), **kwargs)

@@ -184,8 +184,8 @@ class AccountsMiddleware:
     def _authorization(scope: MutableMapping[str, Any]) -> str | None:
         for key, value in scope.get("headers", []):
             if key == b"authorization":
-                return value.decode("latin-1")
+                return str(value.decode("latin-1"))
         for key, value in scope.get("headers", []):
             if key == b"x-api-key":  # Anthropic's SDKs and Claude Code send the key here
-                return "Bearer " + value.decode("latin-1")
+                return "Bearer " + str(value.decode("latin-1"))
         return None

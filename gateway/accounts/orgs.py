@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Row
@@ -27,7 +28,7 @@ class Organization:
     created_at: datetime
 
 
-def _from_row(row: Row) -> Organization:
+def _from_row(row: Row[Any]) -> Organization:
     return Organization(
         id=row.id,
         name=row.name,

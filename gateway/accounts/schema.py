@@ -8,6 +8,7 @@ database has exactly these columns, so the two cannot drift apart silently.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -21,12 +22,13 @@ from sqlalchemy import (
     Table,
     Text,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 metadata = MetaData()
 
 
-class UtcDateTime(TypeDecorator):
+class UtcDateTime(TypeDecorator[datetime]):
     """A timestamp stored as naive UTC and read back as aware UTC.
 
     SQLite keeps no time zone and asyncpg returns aware values for TIMESTAMPTZ only; storing naive
@@ -36,14 +38,14 @@ class UtcDateTime(TypeDecorator):
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("timestamps must be timezone-aware")
         return value.astimezone(timezone.utc).replace(tzinfo=None)
 
-    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         return None if value is None else value.replace(tzinfo=timezone.utc)
 
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy.exc import OperationalError
 
@@ -23,6 +23,9 @@ from .db import Database
 from .limits import ConcurrencyLimiter, InMemoryLimiter
 from .maintenance import LocalSwitch, MaintenanceSwitch
 from .metering import Meter, UsageEvent, UsageRecord
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 log = logging.getLogger("kiln.gateway.accounts")
 T = TypeVar("T")
@@ -99,10 +102,10 @@ class Accounts:
         # A pending (reserved, unsettled) ledger row older than this is a request whose gateway
         # died: it is refunded. Longer than any request may run.
         self.pending_ttl_s = 3600.0
-        self._expiry: asyncio.Task | None = None
+        self._expiry: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_settings(cls, settings) -> Accounts:
+    def from_settings(cls, settings: Settings) -> Accounts:
         if not settings.database_url:
             raise ValueError("--auth keys needs --database-url (env KILN_DATABASE_URL)")
         if getattr(settings, "store_mode", "none") != "none":

@@ -53,7 +53,7 @@ _ACCEPTED_LIMIT = 512
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="schema-check")
 
 
-def check_text_format(fmt: dict | None, *, param: str = "text.format") -> None:
+def check_text_format(fmt: dict[str, Any] | None, *, param: str = "text.format") -> None:
     """Refuse a ``text.format`` the worker could not enforce; ``None`` and text pass.
 
     Accepted shapes: ``{"type": "text"}``, ``{"type": "json_object"}`` and
@@ -119,7 +119,7 @@ def check_json_schema(schema: Any, *, param: str, use: SchemaUse = "text_format"
         _ACCEPTED.popitem(last=False)
 
 
-def _check_metaschema(schema: dict, param: str) -> None:
+def _check_metaschema(schema: dict[str, Any], param: str) -> None:
     """Validate against the Draft 2020-12 metaschema; name the failing keyword's location."""
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -145,7 +145,7 @@ def _nests_deeper_than(node: Any, limit: int) -> bool:
     return False
 
 
-def _check_refs(schema: dict, param: str) -> None:
+def _check_refs(schema: dict[str, Any], param: str) -> None:
     """Every ``$ref`` must resolve inside the schema; we never fetch remote documents."""
     registry: Registry = Registry().with_resource(
         _ROOT_URI, Resource.from_contents(schema, default_specification=DRAFT202012)

@@ -85,7 +85,7 @@ def _type_name(value: Any) -> str:
     )
 
 
-def _expect(body: dict, key: str, kinds: tuple[type, ...], label: str) -> Any:
+def _expect(body: dict[str, Any], key: str, kinds: tuple[type, ...], label: str) -> Any:
     value = body.get(key)
     if value is None:
         return None
@@ -99,7 +99,7 @@ def _expect(body: dict, key: str, kinds: tuple[type, ...], label: str) -> Any:
     return value
 
 
-def _number_in(body: dict, key: str, low: float, high: float) -> None:
+def _number_in(body: dict[str, Any], key: str, low: float, high: float) -> None:
     value = _expect(body, key, (int, float), "a number")
     if value is not None and not low <= value <= high:
         raise invalid(
@@ -108,7 +108,7 @@ def _number_in(body: dict, key: str, low: float, high: float) -> None:
         )
 
 
-def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | None:
+def _int_in(body: dict[str, Any], key: str, low: int, high: int | None = None) -> int | None:
     """An optional integer field (never a boolean or a float) within ``low``..``high``."""
     value: int | None = _expect(body, key, (int,), "an integer")
     if value is None:
@@ -128,9 +128,9 @@ def _int_in(body: dict, key: str, low: int, high: int | None = None) -> int | No
     return value
 
 
-def check_metadata(metadata: Any) -> dict | None:
+def check_metadata(metadata: Any) -> dict[str, Any] | None:
     """OpenAI's metadata: up to 16 string values, keys up to 64 and values up to 512 characters."""
-    checked: dict | None = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
+    checked: dict[str, Any] | None = _expect({"metadata": metadata}, "metadata", (dict[str, Any],), "an object")
     if checked is not None:
         if len(checked) > 16:
             raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
@@ -140,7 +140,7 @@ def check_metadata(metadata: Any) -> dict | None:
     return checked
 
 
-def _check_include(body: dict) -> None:
+def _check_include(body: dict[str, Any]) -> None:
     """``include`` holds known values only: a typo must not pass silently, and a value Kiln
     cannot honour (images, hosted tools) is refused with the reason rather than ignored."""
     include = _expect(body, "include", (list,), "an array")
@@ -156,7 +156,7 @@ def _check_include(body: dict) -> None:
             raise invalid(f"Invalid value for '{param}': {value!r} is not a known include value; supported: {', '.join(sorted(INCLUDE_SUPPORTED))}.", param=param)
 
 
-def check_for_model(body: dict, context_window: int | None) -> None:
+def check_for_model(body: dict[str, Any], context_window: int | None) -> None:
     """The checks that need the model: ``max_output_tokens`` must fit its context window.
 
     Called once the model is resolved (``ResponsesService.prepare``); ``None`` or 0 means the
@@ -179,7 +179,7 @@ def parse_bool(value: Any, key: str) -> bool:
     raise invalid(f"Invalid type for '{key}': expected a boolean, but got {_type_name(value)}.", param=key)
 
 
-def normalize_input(value: Any) -> list[dict]:
+def normalize_input(value: Any) -> list[dict[str, Any]]:
     """``input`` as a list of items, with each item checked for a known shape."""
     if value is None:
         return []
@@ -218,7 +218,7 @@ def normalize_input(value: Any) -> list[dict]:
     return items
 
 
-def _check_message(item: dict, param: str) -> None:
+def _check_message(item: dict[str, Any], param: str) -> None:
     role = item.get("role")
     if not isinstance(role, str) or role not in MESSAGE_ROLES:
         raise invalid(
@@ -244,7 +244,7 @@ def _check_message(item: dict, param: str) -> None:
             raise invalid(f"Missing or invalid '{p}.{field}': expected a string.", param=f"{p}.{field}")
 
 
-def _check_tools(body: dict, hosted_tools: str) -> list[dict]:
+def _check_tools(body: dict[str, Any], hosted_tools: str) -> list[dict[str, Any]]:
     tools = _expect(body, "tools", (list,), "an array")
     if not tools:
         return []
@@ -279,7 +279,7 @@ def _check_tools(body: dict, hosted_tools: str) -> list[dict]:
     return kept
 
 
-def _check_function(tool: dict, param: str) -> None:
+def _check_function(tool: dict[str, Any], param: str) -> None:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise invalid(f"Missing required parameter: '{param}.name'.", param=f"{param}.name", code="missing_required_parameter")
@@ -290,7 +290,7 @@ def _check_function(tool: dict, param: str) -> None:
         check_json_schema(params, param=f"{param}.parameters", use="tool_arguments")
 
 
-def function_names(tools: list[dict]) -> set[str]:
+def function_names(tools: list[dict[str, Any]]) -> set[str]:
     names: set[str] = set()
     for tool in tools:
         if tool.get("type") == "namespace":
@@ -300,7 +300,7 @@ def function_names(tools: list[dict]) -> set[str]:
     return names
 
 
-def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
+def _check_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]]) -> Any:
     choice = body.get("tool_choice")
     if choice is None:
         return "auto"
@@ -331,7 +331,7 @@ def _check_tool_choice(body: dict, tools: list[dict]) -> Any:
     raise invalid("Invalid value for 'tool_choice'.", param="tool_choice")
 
 
-def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto: bool = False) -> dict:
+def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto: bool = False) -> dict[str, Any]:
     """Check a create body and return its normalized copy of the client fields (any other key is
     dropped); raise ApiError on the first fault. ``truncation_auto``: the gateway accepts
     ``truncation: "auto"`` (--truncation-auto)."""

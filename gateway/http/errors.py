@@ -7,6 +7,8 @@ the app turns it into a response in one place.
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.responses import JSONResponse
 
 _TYPES = {
@@ -45,7 +47,7 @@ class ApiError(Exception):
         self.type = type or _TYPES.get(status, "server_error")
         self.headers = headers or {}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {
             "error": {
                 "message": self.message,

@@ -111,7 +111,7 @@ class MetricsMiddleware:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/metrics" and scope.get("method") in ("GET", "HEAD"):
             app = scope.get("app")
             if app is not None and getattr(app.state, "accounts", None) is not None:
@@ -123,7 +123,7 @@ class MetricsMiddleware:
             return
         status = {"code": 500}
 
-        async def capture(message: dict) -> None:
+        async def capture(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             await send(message)

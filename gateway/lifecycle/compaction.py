@@ -68,12 +68,12 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
-def compaction_item(summary: str, retained: list[dict]) -> dict[str, Any]:
+def compaction_item(summary: str, retained: list[dict[str, Any]]) -> dict[str, Any]:
     content = json.dumps({"summary": summary, "retained": retained}, separators=(",", ":"), ensure_ascii=False)
     return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": _b64(content.encode())}
 
 
-def read_compaction(content: Any, param: str) -> tuple[str, list[dict]]:
+def read_compaction(content: Any, param: str) -> tuple[str, list[dict[str, Any]]]:
     """The summary and retained items of a compaction item's ``encrypted_content``: client data,
     checked as input is (400 naming ``param`` when it is not what a compaction holds)."""
     if not isinstance(content, str):
@@ -96,9 +96,9 @@ def read_compaction(content: Any, param: str) -> tuple[str, list[dict]]:
     return payload["summary"], retained
 
 
-def expand_items(items: list[dict]) -> list[dict]:
+def expand_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Replace each compaction item by the summary message and the items it retained."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     skip_ids: set[str] = set()
     for i, item in enumerate(items):
         if item.get("type") == "compaction":
@@ -115,7 +115,9 @@ def expand_items(items: list[dict]) -> list[dict]:
     return out
 
 
-async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None, owner: Any = None) -> Compaction:
+async def compact(
+    pool: WorkerPool, body: dict[str, Any], model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None, owner: Any = None
+) -> Compaction:
     """Have a worker compact ``body["input"]`` (stored form; expanded here before sending).
     ``owner``: whose history it is; its summary's prompt goes into that organization's prefix
     cache scope, as its generations do (never one another organization's lookups could reach)."""
@@ -151,7 +153,7 @@ async def compact(pool: WorkerPool, body: dict, model: str, *, keep_tokens: int,
     )
 
 
-def _with_id(item: dict) -> dict:
+def _with_id(item: dict[str, Any]) -> dict[str, Any]:
     return item if item.get("id") else {**item, "id": f"item_{uuid.uuid4().hex}"}
 
 
@@ -186,7 +188,7 @@ def output_form(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def compaction_settings(body: dict) -> int | None:
+def compaction_settings(body: dict[str, Any]) -> int | None:
     """The auto-compaction threshold of ``context_management``, validated; None when absent."""
     entries = body.get("context_management")
     if entries is None:

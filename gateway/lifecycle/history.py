@@ -21,7 +21,7 @@ def conversation_id(value: Any) -> str | None:
     return cid
 
 
-async def previous_history(previous_id: str, store: ResponseStore, jobs: JobBoard, owner: Any = None) -> list[dict]:
+async def previous_history(previous_id: str, store: ResponseStore, jobs: JobBoard, owner: Any = None) -> list[dict[str, Any]]:
     """The stored response's input and output, as items to render before the new input.
 
     Instructions are not carried: each request states its own.
@@ -42,7 +42,7 @@ async def previous_history(previous_id: str, store: ResponseStore, jobs: JobBoar
     return list(stored.input_items) + [_as_input(item) for item in output]
 
 
-def _as_input(item: dict) -> dict:
+def _as_input(item: dict[str, Any]) -> dict[str, Any]:
     """An output item replayed as input (drop fields only outputs carry)."""
     return {k: v for k, v in item.items() if k not in ("status",)} if item.get("type") != "message" else {
         "type": "message",
@@ -57,7 +57,7 @@ def conversation_key(conv: str, owner: Any) -> str:
     return conv if owner is None else f"{owner}:{conv}"
 
 
-async def expand(body: dict, *, store: ResponseStore | None, jobs: JobBoard, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict]:
+async def expand(body: dict[str, Any], *, store: ResponseStore | None, jobs: JobBoard, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict[str, Any]]:
     """History items for ``body`` (not including its own input)."""
     previous = body.get("previous_response_id")
     conv = conversation_id(body.get("conversation"))

@@ -108,7 +108,7 @@ class ResponseObject:
             self._items[event["output_index"]] = event["item"]
             self.data["output"] = [self._items[i] for i in sorted(self._items)]
 
-    def finish(self, status: str, usage: dict[str, Any], incomplete: dict | None = None) -> None:
+    def finish(self, status: str, usage: dict[str, Any], incomplete: dict[str, Any] | None = None) -> None:
         self.data["status"] = status
         self.data["usage"] = usage
         self.data["incomplete_details"] = incomplete

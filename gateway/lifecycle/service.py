@@ -67,7 +67,7 @@ class ResponsesService:
         return stats
 
     # -- create ----------------------------------------------------------------------------------
-    async def prepare(self, body: dict, owner: Any = None, *, history: list[dict] | None = None, options: DoorOptions = NO_OPTIONS) -> tuple[Generation, list[dict]]:
+    async def prepare(self, body: dict[str, Any], owner: Any = None, *, history: list[dict[str, Any]] | None = None, options: DoorOptions = NO_OPTIONS) -> tuple[Generation, list[dict[str, Any]]]:
         """Resolve the model and history; everything that can refuse the request happens here.
 
         ``body``: client fields only (``validate_create``); ``options``: what the door decided.
@@ -104,7 +104,7 @@ class ResponsesService:
         check_call_outputs(generation.wire_input)
         return generation, own_input
 
-    async def count_input_tokens(self, body: dict, owner: Any = None, options: DoorOptions = NO_OPTIONS) -> int:
+    async def count_input_tokens(self, body: dict[str, Any], owner: Any = None, options: DoorOptions = NO_OPTIONS) -> int:
         """The prompt's length in tokens, rendered as a create with the same body would be
         (history, item references, sealed reasoning, the reasoning echo, compaction items): the
         one counter behind ``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens``."""
@@ -115,11 +115,11 @@ class ResponsesService:
         items = compaction.expand_items(await self.stores.reasoning_echo.restore(history + own, owner))
         return await count_tokens(self.pool, {**body, "input": items}, model, self.settings.first_event_timeout_s, options)
 
-    async def _history(self, body: dict, owner: Any) -> list[dict]:
+    async def _history(self, body: dict[str, Any], owner: Any) -> list[dict[str, Any]]:
         """What ``previous_response_id`` and ``conversation`` name, from the stores."""
         return await expand(body, store=self.stores.responses, jobs=self.stores.jobs, conversations=self.stores.conversations, store_mode=self.settings.store_mode, owner=owner)
 
-    async def compact_endpoint(self, body: dict, keep_tokens: Any = None, owner: Any = None) -> dict:
+    async def compact_endpoint(self, body: dict[str, Any], keep_tokens: Any = None, owner: Any = None) -> dict[str, Any]:
         """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
         is stored; ``item_reference`` items are resolved as on create. ``keep_tokens``: the
         endpoint's own field, as the client sent it (None: the model's default)."""
@@ -148,7 +148,7 @@ class ResponsesService:
             raise
         self.inflight[rid] = generation
 
-    async def finish_foreground(self, generation: Generation, own_input: list[dict]) -> ApiError | None:
+    async def finish_foreground(self, generation: Generation, own_input: list[dict[str, Any]]) -> ApiError | None:
         """Store the finished response and forget it as in flight. When the store could not
         keep it, the response is marked failed and the refusal returned for a door that has not
         answered yet (a streamed one ends with ``response.failed``)."""
@@ -168,7 +168,7 @@ class ResponsesService:
             await self.stores.events.finish(response.id, terminal_event(response))
         return refusal
 
-    def stream_recorder(self, generation: Generation) -> Callable[[dict], None] | None:
+    def stream_recorder(self, generation: Generation) -> Callable[[dict[str, Any]], None] | None:
         """Where a stored foreground stream records its numbered events, so that streamed
         retrieval can follow it while it runs; None when it is not stored."""
         if not self.persistence.keeps(generation.body):

@@ -58,8 +58,8 @@ def _text_of(content: Any, param: str, *, allow_refusal: bool = False) -> str:
     return "".join(pieces)
 
 
-def _assistant_items(message: dict, param: str) -> list[dict]:
-    items: list[dict] = []
+def _assistant_items(message: dict[str, Any], param: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
     text = _text_of(message.get("content"), f"{param}.content", allow_refusal=True)
     if text:
         items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
@@ -80,11 +80,11 @@ def _assistant_items(message: dict, param: str) -> list[dict]:
     return items
 
 
-def messages_to_input(messages: Any) -> list[dict]:
+def messages_to_input(messages: Any) -> list[dict[str, Any]]:
     """Chat ``messages`` as Responses input items (tool calls and results become their items)."""
     if not isinstance(messages, list) or not messages:
         raise invalid("Missing required parameter: 'messages'.", param="messages", code="missing_required_parameter")
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -107,7 +107,7 @@ def messages_to_input(messages: Any) -> list[dict]:
     return items
 
 
-def _tools(tools: Any) -> list[dict] | None:
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -158,7 +158,7 @@ def _tool_choice(choice: Any) -> Any:
     raise invalid(f"Invalid value for 'tool_choice.type': {kind!r}.", param="tool_choice.type")
 
 
-def _text_format(response_format: Any) -> dict | None:
+def _text_format(response_format: Any) -> dict[str, Any] | None:
     if response_format is None:
         return None
     if not isinstance(response_format, dict):
@@ -178,7 +178,7 @@ def _text_format(response_format: Any) -> dict | None:
     raise invalid(f"Invalid value for 'response_format.type': {kind!r}; expected text, json_object or json_schema.", param="response_format.type")
 
 
-def _max_tokens(raw: dict) -> Any:
+def _max_tokens(raw: dict[str, Any]) -> Any:
     for key in ("max_completion_tokens", "max_tokens"):
         value = raw.get(key)
         if value is None:
@@ -200,7 +200,7 @@ def _stop(value: Any) -> list[str]:
     return [s for s in stops if s]
 
 
-def _logprobs(raw: dict, body: dict) -> bool:
+def _logprobs(raw: dict[str, Any], body: dict[str, Any]) -> bool:
     want = parse_bool(raw.get("logprobs"), "logprobs")
     top = raw.get("top_logprobs")
     if top is not None and not want:
@@ -212,7 +212,7 @@ def _logprobs(raw: dict, body: dict) -> bool:
     return want
 
 
-def translate_chat(raw: dict) -> ChatRequest:
+def translate_chat(raw: dict[str, Any]) -> ChatRequest:
     """The Responses create body for a chat request (not yet validated) and the door's options."""
     n = raw.get("n")
     if n is not None and n != 1:

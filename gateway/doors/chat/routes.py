@@ -38,7 +38,7 @@ async def create_chat_completion(request: Request) -> Response:
     return await serve_door(request, translate_chat, ChatTranslator)
 
 
-async def serve_door(request: Request, translate: Callable[[dict], ChatRequest], translator_class: type[ChatTranslator]) -> Response:
+async def serve_door(request: Request, translate: Callable[[dict[str, Any]], ChatRequest], translator_class: type[ChatTranslator]) -> Response:
     """A chat-shaped door (Chat Completions, legacy Completions): translate the body, admit,
     validate and run it like ``/v1/responses``, and frame the run with ``translator_class``."""
     service = _service(request)

@@ -32,7 +32,7 @@ def _prompt(value: Any) -> str:
     return value
 
 
-def translate_completion(raw: dict) -> ChatRequest:
+def translate_completion(raw: dict[str, Any]) -> ChatRequest:
     """The Responses create body for a legacy completion request and the door's options."""
     for key, ok in (("n", 1), ("best_of", 1)):
         if raw.get(key) is not None and raw[key] != ok:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from decimal import Decimal
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -20,7 +21,7 @@ from ..serving import service as _service
 from ..validation import parse_bool, validate_create
 
 
-def _with_cost(payload: dict, cost: Decimal | None) -> dict:
+def _with_cost(payload: dict[str, Any], cost: Decimal | None) -> dict[str, Any]:
     """A non-streaming body with the hosted contract's ``usage.cost`` (USD) when one was debited."""
     if cost is None or not isinstance(payload.get("usage"), dict):
         return payload
@@ -32,7 +33,7 @@ async def create_response(request: Request) -> Response:
     raw = await read_body(request)
     ticket = await admit(request, raw)
     watch = DisconnectWatch(request)
-    opening: dict = {}
+    opening: dict[str, Any] = {}
 
     async def make_run() -> ResponseRun | Response:
         body = validated(request, raw)
@@ -58,7 +59,7 @@ async def _drain(run: ResponseRun) -> None:
         pass
 
 
-async def _stream(run: ResponseRun, opening: dict) -> AsyncIterator[bytes]:
+async def _stream(run: ResponseRun, opening: dict[str, Any]) -> AsyncIterator[bytes]:
     """The SSE body. If the client goes away Starlette cancels this generator; its ``finally``
     then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
     seq = EventSequencer(on_event=run.service.stream_recorder(run.generation))  # streamed retrieval
@@ -92,7 +93,7 @@ async def get_response(request: Request) -> Response:
     return StreamingResponse(_replay(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _replay(first: dict | None, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+async def _replay(first: dict[str, Any] | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     """Recorded events, already numbered; a client that leaves only stops its own reading."""
     if first is None:
         return

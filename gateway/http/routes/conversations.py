@@ -52,7 +52,7 @@ async def _require(request: Request, *, items: bool = True) -> Conversation:
     return conv
 
 
-async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict]:
+async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) -> list[dict[str, Any]]:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -70,7 +70,7 @@ async def _items(raw: Any, param: str, service: ResponsesService, owner: Any) ->
     return service.references.unseal(await service.references.resolve(items, owner))
 
 
-async def _index(request: Request, key: str, items: list[dict]) -> None:
+async def _index(request: Request, key: str, items: list[dict[str, Any]]) -> None:
     await _service(request).references.index(_owner(request), items, ("conversation", key))
 
 
@@ -118,7 +118,7 @@ async def delete_conversation(request: Request) -> Response:
     return JSONResponse({"id": conv.id, "object": "conversation.deleted", "deleted": True})
 
 
-def _page(items: list[dict], request: Request) -> dict:
+def _page(items: list[dict[str, Any]], request: Request) -> dict[str, Any]:
     for value in request.query_params.getlist("include"):
         if value not in ("message.output_text.logprobs", "reasoning.encrypted_content"):
             raise invalid(f"Invalid value for 'include': {value!r} is not supported here.", param="include")
@@ -141,7 +141,7 @@ async def add_items(request: Request) -> Response:
     return JSONResponse(item_list(added))
 
 
-def _require_item(request: Request, conv: Conversation) -> dict:
+def _require_item(request: Request, conv: Conversation) -> dict[str, Any]:
     item_id = request.path_params["item_id"]
     item = conv.find(item_id)
     if item is None:

@@ -16,23 +16,35 @@ from __future__ import annotations
 
 import hmac
 import re
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ...accounts.auth import Principal
+from ...accounts.catalog import Catalog
 from ...accounts.metering import MAX_PAGE
 from ...accounts.middleware import PRINCIPAL_SCOPE_KEY
+from ...accounts.service import Accounts
 from ..body import read_json
 from ..errors import ApiError, invalid
 
 
-def _accounts(request: Request):
-    return request.app.state.accounts
+def _accounts(request: Request) -> Accounts:
+    accounts: Accounts = request.app.state.accounts
+    return accounts
 
 
-def _principal(request: Request):
-    principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
+def _catalog(request: Request) -> Catalog:
+    catalog = _accounts(request).catalog
+    if catalog is None:  # only reachable if a route were installed without a catalog
+        raise ApiError(404, "Not Found", code="not_found")
+    return catalog
+
+
+def _principal(request: Request) -> Principal:
+    principal: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if principal is None:  # only reachable if the middleware is not installed
         raise ApiError(401, "Authentication required.", code="invalid_api_key")
     return principal
@@ -74,19 +86,22 @@ def _text_param(request: Request, name: str) -> str | None:
 
 async def get_usage(request: Request) -> Response:
     principal = _principal(request)
-    page = await _accounts(request).meter.list_usage(
+    meter = _accounts(request).meter
+    if meter is None:  # only before the accounts have started, which the app awaits
+        raise ApiError(503, "Usage is not available yet.", headers={"Retry-After": "1"})
+    page = await meter.list_usage(
         principal.org_id,
         after_ts=_int_param(request, "start_time", 0, MAX_TIMESTAMP),
         before_ts=_int_param(request, "end_time", 0, MAX_TIMESTAMP),
         model=_text_param(request, "model"),
-        limit=_int_param(request, "limit", 1, MAX_PAGE, 100),
+        limit=_int_param(request, "limit", 1, MAX_PAGE) or 100,
         after_id=_text_param(request, "after"),
     )
     return JSONResponse(page.to_json())
 
 
-def _catalog_model(request: Request, model: str) -> dict:
-    price = _accounts(request).catalog.require(model)
+def _catalog_model(request: Request, model: str) -> dict[str, Any]:
+    price = _catalog(request).require(model)
     pool = request.app.state.pool
     return {
         "id": model,
@@ -105,7 +120,7 @@ def _catalog_model(request: Request, model: str) -> dict:
 
 
 async def list_catalog_models(request: Request) -> Response:
-    models = _accounts(request).catalog.models()
+    models = _catalog(request).models()
     return JSONResponse({"object": "list", "data": [_catalog_model(request, m) for m in models]})
 
 
@@ -122,7 +137,7 @@ def _require_admin(request: Request) -> None:
         raise ApiError(401, "A valid admin token is required.", code="invalid_api_key")
 
 
-async def _maintenance_state(accounts) -> dict:
+async def _maintenance_state(accounts: Accounts) -> dict[str, Any]:
     on, retry_after = await accounts.maintenance.state()
     return {"maintenance": on, "retry_after": retry_after}
 
@@ -137,7 +152,7 @@ async def maintenance(request: Request) -> Response:
         raise ApiError(503, "The maintenance switch is unavailable. Retry with exponential backoff.", headers={"Retry-After": "2"}) from None
 
 
-async def _maintenance(request: Request, accounts) -> Response:
+async def _maintenance(request: Request, accounts: Accounts) -> Response:
     if request.method == "POST":
         body = await read_json(request, 1 << 16)
         if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
@@ -149,7 +164,7 @@ async def _maintenance(request: Request, accounts) -> Response:
     return JSONResponse(await _maintenance_state(accounts))
 
 
-def hosted_routes(accounts) -> list[Route]:
+def hosted_routes(accounts: Accounts) -> list[Route]:
     """Routes to put in front of the app's own (the first match wins)."""
     routes = [Route("/admin/maintenance", maintenance, methods=["GET", "POST"])]
     for prefix in ("/v1", ""):
