@@ -7,16 +7,20 @@ and text) and puts it back in front of the replayed message.
 
 What to remember and where to put it back is decided here (``echo_entries``, ``wanted_keys``,
 ``reinsert``) for every backend; ``MemoryReasoningEcho`` keeps the entries in this process, a
-byte-bounded LRU, and ``redis/reasoning_echo.py`` in Redis.
+byte-bounded LRU, and ``redis/reasoning_echo.py`` in Redis. In both, an owner (an organization)
+keeps at most its share (``OWNER_SHARE``) of the bytes: one tenant's long reasoning evicts its
+own older entries, never another's (issue 30).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from typing import Any
 
-from .lru import approx_bytes
+from .lru import OWNER_SHARE, BoundedLRU, approx_bytes
+
+# Bounded by bytes only, as the spec's flag says.
+NO_ENTRY_LIMIT = 2**31 - 1
 
 
 def _text_key(item: dict[str, Any]) -> str | None:
@@ -77,12 +81,16 @@ def reinsert(items: list[dict[str, Any]], found: dict[str, dict[str, Any]], owne
 
 
 class MemoryReasoningEcho:
-    """The ReasoningEcho of one process: the last ``max_bytes`` of reasoning, oldest out first."""
+    """The ReasoningEcho of one process: the last ``max_bytes`` of reasoning, oldest out first,
+    each owner within its share."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        self._lru: BoundedLRU[dict[str, Any]] = BoundedLRU(NO_ENTRY_LIMIT, max_bytes, 0, owner_share=OWNER_SHARE)
+
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
 
     async def remember(self, output: list[dict[str, Any]], owner: Any = None) -> None:
         entry = echo_entries(output, owner) if self.max_bytes > 0 else None
@@ -91,21 +99,11 @@ class MemoryReasoningEcho:
         keys, reasoning = entry
         size = approx_bytes(reasoning)
         for key in keys:
-            self._put(key, reasoning, size)
-
-    def _put(self, key: str, item: dict[str, Any], size: int) -> None:
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
-        self._items[key] = (item, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes and self._items:
-            _, (_, dropped) = self._items.popitem(last=False)
-            self.bytes -= dropped
+            self._lru.put(key, reasoning, size, owner=owner)
 
     async def restore(self, items: list[dict[str, Any]], owner: Any = None) -> list[dict[str, Any]]:
         """``items`` with remembered reasoning re-inserted before assistant messages lacking it."""
-        if not self._items:
+        if not len(self._lru):
             return items
-        found = {k: self._items[k][0] for k in wanted_keys(items, owner) if k in self._items}
+        found = {k: v for k in wanted_keys(items, owner) if (v := self._lru.get(k)) is not None}
         return reinsert(items, found, owner)

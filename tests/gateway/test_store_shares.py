@@ -1,5 +1,6 @@
 """Per-organization shares of the stores (issue 30, tenants): one organization filling the
-response store, the conversation store or the finished event streams (streamed retrieval) evicts
+response store, the conversation store, the finished event streams (streamed retrieval) or the
+reasoning echo evicts
 its own oldest entries, never another's, in memory and in Redis (``--store redis``, the local
 Redis: tests/redis_support.py)."""
 
@@ -17,6 +18,9 @@ from kiln.gateway.accounts.keys import create_key
 from kiln.gateway.accounts.orgs import create_org
 from kiln.gateway.http.app import create_app
 from kiln.gateway.settings import Settings
+from kiln.gateway.store.reasoning_echo import MemoryReasoningEcho
+from kiln.gateway.store.redis.connection import RedisContext
+from kiln.gateway.store.redis.reasoning_echo import RedisReasoningEcho
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
 from tests.redis_support import drop_namespace, new_namespace, shared_redis_url
 
@@ -113,3 +117,36 @@ async def test_one_orgs_finished_streams_never_push_out_anothers(tmp_path, backe
             await asyncio.sleep(0.05)
         kept = await bounded(c.get(f"/v1/responses/{mine}", params={"stream": "true"}, headers=globex))
         assert kept.status_code == 200 and "response.completed" in kept.text, kept.text[:300]
+
+
+def _reply(n: int, thought: str) -> list[dict[str, Any]]:
+    """A plain reply, [reasoning, message]: what the reasoning echo remembers."""
+    reasoning = {"type": "reasoning", "id": f"rs_{n}", "summary": [], "content": [{"type": "reasoning_text", "text": thought}]}
+    return [reasoning, {"type": "message", "id": f"msg_{n}", "role": "assistant", "content": [{"type": "output_text", "text": f"answer {n}"}]}]
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_one_orgs_reasoning_never_pushes_out_anothers_echo(backend):
+    # The echo puts a turn's reasoning back when a client replays the turn without it; one
+    # organization's long reasoning must not make another's replays miss (and re-prefill).
+    namespace = None
+    if backend == "memory":
+        echo: Any = MemoryReasoningEcho(64 << 10)
+    else:
+        url, namespace = shared_redis_url(), new_namespace()
+        ctx = RedisContext(url, namespace, "test")
+        echo = RedisReasoningEcho(ctx, 64 << 10)
+    try:
+        await echo.remember(_reply(0, "globex thinks"), owner=2)
+        for n in range(1, 40):  # ~8 KB each: 5x the store, 20x acme's quarter of it
+            await echo.remember(_reply(n, "x" * 8000), owner=1)
+        replay = [{"type": "message", "role": "user", "content": "q"}, _reply(0, "")[1]]
+        restored = await echo.restore(replay, owner=2)
+        assert [i["type"] for i in restored] == ["message", "reasoning", "message"] and restored[1]["id"] == "rs_0"
+        assert len(await echo.restore([_reply(1, "")[1]], owner=1)) == 1  # acme's oldest went first
+        assert len(await echo.restore([_reply(39, "")[1]], owner=1)) == 2  # its newest is kept
+        assert len(await echo.restore(replay, owner=1)) == 2  # and no tenant reads another's
+    finally:
+        if namespace is not None:
+            await ctx.close()
+            drop_namespace(url, namespace)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..reasoning_echo import echo_entries, reinsert, wanted_keys
+from ..reasoning_echo import NO_ENTRY_LIMIT, echo_entries, reinsert, wanted_keys
 from . import scripts
 from .codec import dumps, loads
 from .connection import BACKEND_ERRORS, RedisContext
 
 log = logging.getLogger("kiln.gateway.store")
-
-_NO_ENTRY_LIMIT = 2**31 - 1  # bounded by bytes only, as the spec's flag says
 
 
 class RedisReasoningEcho:
@@ -29,9 +27,10 @@ class RedisReasoningEcho:
             return
         keys, reasoning = entry
         value = dumps(reasoning)
+        tenant = "" if owner is None else str(owner)  # within its share of the bytes (scripts.py)
         try:
             for key in keys:
-                await self.ctx.run(scripts.PUT, self.prefix, key, value, len(value), 0, _NO_ENTRY_LIMIT, self.max_bytes)
+                await self.ctx.run(scripts.PUT, self.prefix, key, value, len(value), 0, NO_ENTRY_LIMIT, self.max_bytes, tenant)
         except BACKEND_ERRORS as exc:
             log.warning("reasoning echo not kept: redis unavailable", extra={"error": str(exc)})
 
