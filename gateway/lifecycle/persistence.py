@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.lru import OWNER_SHARE
-from ..store.protocols import Job, StoreUnavailable
+from ..store.protocols import ConversationFull, Job, StoreUnavailable
 from ..store.responses import StoredResponse
 from ..store.stores import Stores
 from .history import conversation_id, conversation_key
@@ -29,8 +29,9 @@ class Persistence:
         """Remember the reasoning, append the turn to its conversation, store the response (for a
         job: store its final object and end the job, in one step).
 
-        Raises StoreUnavailable when the store is down; a job is ended anyway (failed, if its
-        conversation could not take the turn), so it is never left running."""
+        Raises StoreUnavailable when the store is down, ConversationFull when the conversation
+        cannot take the turn; a job is ended anyway (failed, if its conversation could not take
+        the turn), so it is never left running."""
         background = job is not None
         snapshot = response.snapshot()
         if snapshot.get("usage") is None:
@@ -43,6 +44,12 @@ class Persistence:
                 if not background:
                     raise
                 response.fail("server_error", "The response could not be appended to its conversation: the conversation store is unavailable.")
+                snapshot = dict(response.snapshot(), output=[])
+            except ConversationFull as full:
+                full.param = "conversation"
+                if not background:
+                    raise
+                response.fail("server_error", f"The response could not be appended to its conversation: {full.message}")
                 snapshot = dict(response.snapshot(), output=[])
         store = self.stores.responses
         if store is None:

@@ -22,7 +22,7 @@ from ..pool.worker_request import check_sampling
 from ..pool.workers import WorkerPool
 from ..settings import Settings
 from ..store.backend import build_stores
-from ..store.protocols import StoreUnavailable
+from ..store.protocols import ConversationFull, StoreUnavailable
 from . import compaction
 from .generation import Generation, count_tokens, terminal_event
 from .history import TERMINAL, check_call_outputs, expand
@@ -150,8 +150,9 @@ class ResponsesService:
 
     async def finish_foreground(self, generation: Generation, own_input: list[dict[str, Any]]) -> ApiError | None:
         """Store the finished response and forget it as in flight. When the store could not
-        keep it, the response is marked failed and the refusal returned for a door that has not
-        answered yet (a streamed one ends with ``response.failed``)."""
+        keep it, or its conversation could not take the turn, the response is marked failed and the
+        refusal returned for a door that has not answered yet (a streamed one ends with
+        ``response.failed``)."""
         response = generation.response
         self.inflight.pop(response.id, None)
         await self.stores.live.discard(response.id)
@@ -162,7 +163,10 @@ class ResponsesService:
             refusal = error
             if response.status in ("completed", "incomplete"):
                 response.fail("server_error", "The response could not be stored: the response store is unavailable.")
-        if refusal is not None:
+        except ConversationFull as error:
+            refusal = error
+            response.fail("server_error", f"The response could not be appended to its conversation: {error.message}")
+        if isinstance(refusal, StoreUnavailable):
             await self.stores.events.discard(response.id)  # the store is away: do not wait on it
         elif response.status in TERMINAL:
             await self.stores.events.finish(response.id, terminal_event(response))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .lru import OWNER_SHARE, BoundedLRU, approx_bytes
+from .protocols import ConversationFull
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs", "compaction": "cmp"}
 
@@ -80,6 +81,13 @@ def key_owner(key: str) -> str | None:
     return owner if sep else None
 
 
+def conversation_limit(key: str, max_bytes: int) -> tuple[int, bool]:
+    """The most bytes the conversation under ``key`` may hold, and whether that is its
+    organization's share (a key naming an owner) rather than the whole store's budget."""
+    owned = key_owner(key) is not None
+    return (int(OWNER_SHARE * max_bytes) if owned else max_bytes), owned
+
+
 class MemoryConversationStore:
     """The ConversationStore of one process: one LRU entry per conversation."""
 
@@ -100,6 +108,12 @@ class MemoryConversationStore:
 
     def _keep(self, key: str, conv: Conversation) -> None:
         self._lru.resize(key, conv, conversation_size(conv))
+
+    def _fits(self, key: str, size: int) -> None:
+        """Raise ConversationFull when a conversation of ``size`` bytes may not be kept here."""
+        limit, owned = conversation_limit(key, self._lru.max_bytes)
+        if size > limit:
+            raise ConversationFull(size, limit, owned=owned)
 
     # -- the Conversations API ---------------------------------------------------------------------
     async def create(self, key: str, conv: Conversation) -> bool:
@@ -125,8 +139,10 @@ class MemoryConversationStore:
         if conv is None:
             conv = Conversation(conversation_id or key, int(time.time()))
         added = [as_resource_item(i) for i in items]
+        grows_by = items_bytes(added) - 1
+        self._fits(key, conversation_size(conv) + grows_by)
         if conv.items_bytes is not None:
-            conv.items_bytes += items_bytes(added) - 1
+            conv.items_bytes += grows_by
         conv.items.extend(added)
         self._keep(key, conv)
         return added
@@ -150,7 +166,9 @@ class MemoryConversationStore:
     async def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         """Swap the items for a compacted history (metadata and creation time stay)."""
         conv = self._lru.get(key) or Conversation(conversation_id or key, int(time.time()))
-        conv.items = [as_resource_item(i) for i in items]
+        resources = [as_resource_item(i) for i in items]
+        self._fits(key, conversation_size(Conversation(conv.id, conv.created_at, conv.metadata, resources)))
+        conv.items = resources
         conv.items_bytes = None  # recounted: the items are all new
         self._keep(key, conv)
         return list(conv.items)

@@ -36,6 +36,7 @@ __all__ = [
     "ReasoningEcho",
     "ResponseStore",
     "StoreUnavailable",
+    "ConversationFull",
 ]
 
 
@@ -47,6 +48,19 @@ class StoreUnavailable(ApiError):
 
     def __init__(self, what: str = "response store") -> None:
         super().__init__(503, f"The {what} is unavailable. Retry with exponential backoff.", headers={"Retry-After": "2"})
+
+
+class ConversationFull(ApiError):
+    """These items would make the conversation larger than one conversation may be (the
+    organization's share of the conversation store, or the store's whole byte budget).
+
+    Refused before anything is written: kept, the conversation would have been the entry its own
+    organization's share evicts, and the client's 200 would have been followed by a 404."""
+
+    def __init__(self, size: int, limit: int, *, owned: bool, param: str = "items") -> None:
+        whose = "this organization's share of the conversation store" if owned else "the conversation store's byte budget"
+        super().__init__(400, f"The conversation would be {size} bytes with these items, larger than {whose} ({limit} bytes).", param=param)
+        self.size, self.limit, self.owned = size, limit, owned
 
 
 class ResponseStore(Protocol):
@@ -102,7 +116,7 @@ class ConversationStore(Protocol):
 
     async def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         """Append items (as resources), starting the conversation if it does not exist; returns
-        the resources added."""
+        the resources added. ``ConversationFull`` (nothing written) when they do not fit."""
 
     async def delete_item(self, key: str, item_id: str) -> Conversation | None:
         """The conversation without the item, or None when either is unknown."""
@@ -111,7 +125,8 @@ class ConversationStore(Protocol):
         """The items as input items to render (empty for an unknown conversation)."""
 
     async def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
-        """Swap the items for a compacted history; returns the new resources."""
+        """Swap the items for a compacted history; returns the new resources.
+        ``ConversationFull`` (nothing written) when they do not fit."""
 
 
 class ReasoningEcho(Protocol):

@@ -21,6 +21,8 @@ from kiln.gateway.settings import Settings
 from kiln.gateway.store.reasoning_echo import MemoryReasoningEcho
 from kiln.gateway.store.redis.connection import RedisContext
 from kiln.gateway.store.redis.reasoning_echo import RedisReasoningEcho
+from kiln.protocol import Done, Event, Generate, decode, encode
+from kiln.protocol.usage import Usage
 from tests.gateway.inprocess import MODEL, FakePool, bounded, client_for
 from tests.redis_support import drop_namespace, new_namespace, shared_redis_url
 
@@ -150,3 +152,54 @@ async def test_one_orgs_reasoning_never_pushes_out_anothers_echo(backend):
         if namespace is not None:
             await ctx.close()
             drop_namespace(url, namespace)
+
+
+class ReplyingPool(FakePool):
+    """The fake worker, answering each generation with one output message (so that a turn has
+    something to append to its conversation)."""
+
+    async def _send(self, identity: bytes, message: Any) -> None:
+        message = decode(encode(message))
+        if not isinstance(message, Generate):
+            return await super()._send(identity, message)
+        item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "ok", "annotations": []}]}
+        await self._dispatch(identity, Event(message.req_id, [{"type": "response.output_item.done", "output_index": 0, "item": item}]))
+        await self._dispatch(identity, Done(message.req_id, "completed", Usage(input_tokens=3, output_tokens=1)))
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_items_that_would_take_a_conversation_past_the_orgs_share_are_refused_and_it_stays(tmp_path, backend):
+    # Appended, the conversation would have been the entry its own organization's share evicts:
+    # a 200, then a 404. Refused instead, with nothing written.
+    async with hosted(tmp_path, backend) as (c, (acme, _)):
+        conv = (await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "a" * (10 << 10)}]}, headers=acme))).json()["id"]
+        r = await bounded(c.post(f"/v1/conversations/{conv}/items", json={"items": [{"role": "user", "content": "b" * (8 << 10)}]}, headers=acme))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "items", r.text
+        assert "organization's share of the conversation store (16384 bytes)" in r.json()["error"]["message"], r.text
+        kept = await bounded(c.get(f"/v1/conversations/{conv}/items", headers=acme))
+        assert kept.status_code == 200 and len(kept.json()["data"]) == 1, kept.text
+        small = await bounded(c.post(f"/v1/conversations/{conv}/items", json={"items": [{"role": "user", "content": "c"}]}, headers=acme))
+        assert small.status_code == 200, small.text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_turn_that_would_take_its_conversation_past_the_share_fails_and_the_conversation_stays(tmp_path, stream):
+    settings = Settings(auth="keys", database_url=f"sqlite:///{tmp_path}/accounts.db", store_mode="memory", **LIMITS)
+    app = create_app(settings, pool=ReplyingPool())
+    async with app.router.lifespan_context(app):
+        await create_org(app.state.accounts.db, "acme", credits_usd=10)
+        acme = {"Authorization": f"Bearer {(await create_key(app.state.accounts.db, 'acme')).key}"}
+        async with client_for(app) as c:
+            conv = (await bounded(c.post("/v1/conversations", json={"items": [{"role": "user", "content": "a" * (10 << 10)}]}, headers=acme))).json()["id"]
+            body = {"model": MODEL, "conversation": conv, "input": "b" * (8 << 10), "stream": stream}
+            r = await bounded(c.post("/v1/responses", json=body, headers=acme))
+            if stream:
+                assert r.status_code == 200 and "response.failed" in r.text and "organization's share" in r.text, r.text[-600:]
+            else:
+                assert r.status_code == 400 and r.json()["error"]["param"] == "conversation", r.text
+                assert "organization's share" in r.json()["error"]["message"], r.text
+            kept = await bounded(c.get(f"/v1/conversations/{conv}/items", headers=acme))
+            assert kept.status_code == 200 and len(kept.json()["data"]) == 1, kept.text
+            ok = await bounded(c.post("/v1/responses", json={**body, "input": "short"}, headers=acme))
+            assert ok.status_code == 200, ok.text[-600:]
+            assert len((await bounded(c.get(f"/v1/conversations/{conv}/items", headers=acme))).json()["data"]) == 3

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..conversations import Conversation, as_input_item, as_resource_item
+from ..conversations import Conversation, as_input_item, as_resource_item, conversation_limit
+from ..protocols import ConversationFull
 from . import scripts
 from .codec import dumps, loads
 from .connection import RedisContext, guarded
@@ -32,6 +33,12 @@ class RedisConversationStore:
 
     def _limits(self) -> list[int]:
         return [self.max_entries, self._max_bytes]
+
+    def _fits(self, key: str, written: Any) -> None:
+        """A write script's answer: below 0, minus the size the conversation would have had."""
+        if isinstance(written, int) and written < 0:
+            limit, owned = conversation_limit(key, self._max_bytes)
+            raise ConversationFull(-written, limit, owned=owned)
 
     async def _raw(self, key: str) -> tuple[dict[str, str], list[str]] | None:
         found = await self.ctx.run(scripts.CONV_GET, self.prefix, key)
@@ -75,7 +82,7 @@ class RedisConversationStore:
     @guarded
     async def add_items(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         added = [as_resource_item(i) for i in items]
-        await self.ctx.run(scripts.CONV_APPEND, self.prefix, key, conversation_id or key, int(time.time()), self.ttl_ms, *self._limits(), *[dumps(i) for i in added])
+        self._fits(key, await self.ctx.run(scripts.CONV_APPEND, self.prefix, key, conversation_id or key, int(time.time()), self.ttl_ms, *self._limits(), *[dumps(i) for i in added]))
         return added
 
     @guarded
@@ -96,5 +103,5 @@ class RedisConversationStore:
     @guarded
     async def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         resources = [as_resource_item(i) for i in items]
-        await self.ctx.run(scripts.CONV_REPLACE, self.prefix, key, conversation_id or key, int(time.time()), self.ttl_ms, *self._limits(), *[dumps(i) for i in resources])
+        self._fits(key, await self.ctx.run(scripts.CONV_REPLACE, self.prefix, key, conversation_id or key, int(time.time()), self.ttl_ms, *self._limits(), *[dumps(i) for i in resources]))
         return resources

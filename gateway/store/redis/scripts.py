@@ -223,9 +223,12 @@ end
 return conv_keep(p, key, d, now, tonumber(ARGV[7]), tonumber(ARGV[8]))
 """
 
-def _conv_write(write_items: str) -> str:
+def _conv_write(size_after: str, write_items: str) -> str:
     """A script that starts the conversation when it does not exist, writes its items with
-    ``write_items`` (Lua: items from ARGV[8] on), and applies the limits. 1 if still kept.
+    ``write_items`` (Lua: items from ARGV[8] on), and applies the limits. 1 if still kept; minus
+    the size it would have had (``size_after``, Lua, given ``added``: the items' bytes) when that
+    is over what one conversation may hold (its owner's share, or the store's budget), and then
+    nothing is written.
 
     ARGV: prefix, key, id if new, created_at if new, ttl ms, max entries, max bytes, items...
     """
@@ -235,17 +238,26 @@ local d = p .. ':d:' .. key
 local now = now_ms()
 expire_due(p, now)
 if tonumber(ARGV[6]) <= 0 then return 0 end
-if redis.call('EXISTS', d) == 0 then conv_start(p, key, d, ARGV[3], ARGV[4], '{}', tonumber(ARGV[5]), now) end
+local added = 0
+for j = 8, #ARGV do added = added + string.len(ARGV[j]) + 1 end
+local exists = redis.call('EXISTS', d) == 1
+local limit = tonumber(ARGV[7])
+if key_owner(key) ~= '' then limit = math.floor(SHARE * limit) end
+local size = """ + size_after + r"""
+if size > limit then return -size end
+if not exists then conv_start(p, key, d, ARGV[3], ARGV[4], '{}', tonumber(ARGV[5]), now) end
 """ + write_items + r"""
 return conv_keep(p, key, d, now, tonumber(ARGV[6]), tonumber(ARGV[7]))
 """
 
 
 # Adds the items after those already there.
-CONV_APPEND = _conv_write("redis.call('HINCRBY', d, 'ib', push_all(d .. ':items', 8))")
+CONV_APPEND = _conv_write("(exists and conv_size(d) or 66) + added", "redis.call('HINCRBY', d, 'ib', push_all(d .. ':items', 8))")
 
 # The items become exactly these (a compacted history).
-CONV_REPLACE = _conv_write("redis.call('DEL', d .. ':items')\nredis.call('HSET', d, 'ib', push_all(d .. ':items', 8))")
+CONV_REPLACE = _conv_write(
+    "(exists and tonumber(redis.call('HGET', d, 'mb') or '0') or 2) + 64 + added", "redis.call('DEL', d .. ':items')\nredis.call('HSET', d, 'ib', push_all(d .. ':items', 8))"
+)
 
 # ARGV: prefix, key, metadata json, max entries, max bytes. 1 if kept, 0 if unknown.
 CONV_METADATA = LIB + _CONV_SIZE + r"""
