@@ -279,6 +279,7 @@ def longest_life(samples: list[tuple[float, float, int]]) -> list[tuple[float, f
 
 # -- the test ----------------------------------------------------------------------------------------
 
+@pytest.mark.timeout(SECONDS + 1200)  # past pyproject's per-test bound: the start, the drain, the checks
 def test_soak_three_orgs_every_door_with_faults(tmp_path):
     redis = RedisServer(tmp_path).start()
     url = f"sqlite:///{tmp_path}/kiln.db"
