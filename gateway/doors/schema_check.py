@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import importlib
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
-import jsonschema
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
@@ -119,8 +121,24 @@ def check_json_schema(schema: Any, *, param: str, use: SchemaUse = "text_format"
         _ACCEPTED.popitem(last=False)
 
 
+def _jsonschema() -> ModuleType:
+    """jsonschema, imported on first use rather than with the gateway. With its format extras
+    installed (``jsonschema[format-nongpl]``, which the test extra and ``./dev`` bring),
+    importing it builds rfc3987-syntax's grammar: 1.5-3.3 s, most of the gateway's start and so
+    of ``kiln serve``'s time to ready. ``preload`` imports it in the background once the app
+    serves, so the first schema seldom waits for it."""
+    return importlib.import_module("jsonschema")
+
+
+def preload() -> None:
+    """Import jsonschema on a daemon thread (see ``_jsonschema``): the import lock makes a
+    request that needs it meanwhile wait for this import, never run a second one."""
+    threading.Thread(target=_jsonschema, name="jsonschema-import", daemon=True).start()
+
+
 def _check_metaschema(schema: dict[str, Any], param: str) -> None:
     """Validate against the Draft 2020-12 metaschema; name the failing keyword's location."""
+    jsonschema = _jsonschema()
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except RecursionError:  # unreachable within MAX_SCHEMA_DEPTH; a 400 all the same

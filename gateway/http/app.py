@@ -16,6 +16,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from ..accounts.middleware import AccountsMiddleware
 from ..accounts.service import Accounts
+from ..doors import schema_check
 from ..doors.anthropic.routes import count_message_tokens, create_message
 from ..doors.chat.routes import create_chat_completion
 from ..doors.completions.routes import create_completion
@@ -134,6 +135,7 @@ def create_app(settings: Settings, *, pool: WorkerPool | None = None, launcher: 
             await accounts.open()
         if advertiser is not None:
             await advertiser.start()
+        schema_check.preload()
         try:
             yield
         finally:
