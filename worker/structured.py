@@ -121,7 +121,7 @@ def bounded_formats(schema: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict]]:
+def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict[str, Any]]]:
     """(name, parameters) for every callable function, namespaces flattened as ``ns<sep>name``.
 
     Accepts Responses-style tools (``{"type": "function", "name", "parameters"}``), Chat-style
@@ -130,7 +130,7 @@ def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separato
     arrives with its tools already flat (``GenerateRequest.tools``, flattened at the gateway's
     edge); these other shapes are what the grammar builder accepts when used on its own.
     """
-    out: list[tuple[str, dict]] = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for tool in tools:
         kind = tool.get("type", "function")
         if kind == "function":

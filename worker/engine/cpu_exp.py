@@ -31,8 +31,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
+from ..loading.parameters import flat_parameters
 from .layout import on_cpu
 
 log = logging.getLogger("kiln.worker.engine")
@@ -225,7 +225,7 @@ def _swiglu_agrees(glu: Callable[[mx.array, mx.array], mx.array]) -> bool:
 
 
 def _dtype(model: nn.Module) -> mx.Dtype:
-    for _, value in tree_flatten(model.parameters()):
+    for _, value in flat_parameters(model):
         if mx.issubdtype(value.dtype, mx.floating):
             return value.dtype
     return mx.float32

@@ -24,7 +24,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+
+from ..loading.parameters import flat_parameters
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def choose_weight_layout(model: nn.Module, *, steps: int = 3, rounds: int = 2, m
     so that drift in machine load hits both (about two seconds for a 135M model). Both
     copies exist while measuring, so models over ``max_bytes`` keep the stock layout.
     """
-    if sum(v.nbytes for _, v in tree_flatten(model.parameters())) > max_bytes:
+    if sum(v.nbytes for _, v in flat_parameters(model)) > max_bytes:
         return False
     swaps = _verified_swaps(model)  # applied: the model is input-major now
     if not swaps:

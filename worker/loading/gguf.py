@@ -89,7 +89,7 @@ class FactorRoPE(nn.Module):
         )
 
 
-def _quant_params(path: str, weights: Mapping[str, mx.array], module: nn.Module) -> dict | bool:
+def _quant_params(path: str, weights: Mapping[str, mx.array], module: nn.Module) -> dict[str, Any] | bool:
     """Bits and group size of a module the file stores quantized (False if not)."""
     scales = weights.get(f"{path}.scales")
     if scales is None or not hasattr(module, "to_quantized"):

@@ -27,7 +27,7 @@ class QuantizedWeights(ctypes.Structure):
 
     @classmethod
     def of(cls, q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int, bias: np.ndarray | None = None) -> QuantizedWeights:
-        arrays = [np.ascontiguousarray(q, np.uint8), np.ascontiguousarray(scales, np.float16), np.ascontiguousarray(biases, np.float16)]
+        arrays: list[np.ndarray] = [np.ascontiguousarray(q, np.uint8), np.ascontiguousarray(scales, np.float16), np.ascontiguousarray(biases, np.float16)]
         if bias is not None:
             bias = np.ascontiguousarray(bias, np.float32)
         out = cls(*(_ptr(a) for a in arrays), _ptr(bias), bits, group_size, q.shape[0], q.shape[1] * 8 // bits)
