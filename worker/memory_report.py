@@ -67,7 +67,8 @@ def kv_bytes_per_token(model: nn.Module) -> int | None:
     layers = getattr(args, "num_hidden_layers", None)
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or (args.hidden_size // heads if heads and getattr(args, "hidden_size", None) else None)
+    hidden = getattr(args, "hidden_size", None)
+    head_dim = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
     if not (layers and kv_heads and head_dim):
         return None
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * _compute_dtype(model).size

@@ -66,6 +66,7 @@ def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: CpuKernels | N
             continue
         dense = _dequantized(module).astype(dtype)
         packed = None
+        layer: nn.Module
         if kernel is not None and dtype == mx.float32 and PackedWeights.supports(module):
             packed = PackedWeights(module, kernel)
         if isinstance(module, nn.QuantizedLinear):

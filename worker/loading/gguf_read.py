@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -125,10 +125,11 @@ def read_gguf(path: str | Path, keep: frozenset[str] = frozenset(), header: GGUF
 
     if set(types) <= MX_NATIVE_TYPES and not keep & set(types):
         try:
-            tensors, metadata = mx.load(str(path), return_metadata=True)
+            # With return_metadata, mx.load returns (tensors, metadata); its stub names every form.
+            loaded = cast("tuple[dict[str, mx.array], dict[str, Any]]", mx.load(str(path), return_metadata=True))
         except Exception as exc:
             raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
-        return GGUFContents(dict(tensors), dict(metadata), types)
+        return GGUFContents(dict(loaded[0]), dict(loaded[1]), types)
 
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     tensors: dict[str, mx.array] = {}
