@@ -9,6 +9,7 @@ never outlives the memory it names.
 from __future__ import annotations
 
 import ctypes
+from typing import overload
 
 import numpy as np
 
@@ -74,6 +75,12 @@ class Model(ctypes.Structure):
 CACHE_FIELDS = 6
 
 
+@overload
+def floats(a: np.ndarray) -> np.ndarray: ...
+@overload
+def floats(a: None) -> None: ...
+@overload
+def floats(a: np.ndarray | None) -> np.ndarray | None: ...
 def floats(a: np.ndarray | None) -> np.ndarray | None:
     """A float32 C-contiguous copy (or the array itself when it already is one)."""
     return None if a is None else np.ascontiguousarray(a, np.float32)
