@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +17,9 @@ from kiln.protocol.logs import configure, progress_to
 from kiln.protocol.settings_fields import from_options, settings_options
 
 from .settings import WorkerSettings
+
+if TYPE_CHECKING:  # the server module imports zmq; this one stays light for --help
+    from .server import WorkerServer
 
 log = logging.getLogger("kiln.worker")
 
@@ -108,13 +111,18 @@ def served_names(settings: WorkerSettings) -> tuple[str, list[str]]:
     return model_id, sorted(set(aliases) | set(settings.model_alias) | {own, model_id})
 
 
-def build_server(settings: WorkerSettings):
+def build_server(settings: WorkerSettings) -> WorkerServer:
     from .capabilities import describe
     from .server import WorkerServer
     from .service import GenerationService, ServiceConfig
     from .setup import Constraints, model_extras
 
     ready = None  # the MLX and scripted engines are ready once built
+    # Each engine brings its own tokenizer, scheduler and constraints, with the same methods:
+    # GenerationService and model_extras take any of them (duck-typed, as Any there too).
+    tokenizer: Any
+    scheduler: Any
+    constraints: Any
     memory: dict[str, int] = {}  # what the loaded model's memory is (mlx engine only)
     if settings.engine == "scripted":
         from .scripted import ByteTokenizer, ScriptedScheduler

@@ -25,8 +25,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
+from .loading.parameters import flat_parameters
 from .memory import resident_bytes
 
 log = logging.getLogger("kiln.worker.loading")
@@ -36,7 +36,7 @@ def _weights(model: nn.Module) -> tuple[int, int]:
     """(all weight bytes, of which the mapped GGUF file's) of a loaded model."""
     from .loading.ggml_blocks import ggml_weights
 
-    total = sum(v.nbytes for _, v in tree_flatten(model.parameters()) if isinstance(v, mx.array))
+    total = sum(v.nbytes for _, v in flat_parameters(model) if isinstance(v, mx.array))
     mapped = 0
     seen: set[int] = set()
     for _, module in model.named_modules():
@@ -67,7 +67,8 @@ def kv_bytes_per_token(model: nn.Module) -> int | None:
     layers = getattr(args, "num_hidden_layers", None)
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or (args.hidden_size // heads if heads and getattr(args, "hidden_size", None) else None)
+    hidden = getattr(args, "hidden_size", None)
+    head_dim = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
     if not (layers and kv_heads and head_dim):
         return None
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * _compute_dtype(model).size
@@ -87,7 +88,10 @@ def memory_report(model: nn.Module, context_window: int) -> dict[str, int]:
 def log_memory(model_id: str, report: dict[str, Any]) -> None:
     """The load log's memory line, e.g. "memory: weights 671 MB (671 MB mapped from the file), KV
     cache 268 MB a sequence at 8192 tokens, the rest 140 MB (resident 812 MB)"."""
-    mb = lambda key: report.get(key, 0) / 1e6  # noqa: E731
+
+    def mb(key: str) -> float:
+        return float(report.get(key, 0)) / 1e6
+
     kv = f"KV cache {mb('kv_cache_bytes'):.0f} MB a sequence at {report['context_window']} tokens" if "kv_cache_bytes" in report else "KV cache size unknown"
     log.info(
         "memory of %s: weights %.0f MB (%.0f MB mapped from the file), %s, the rest %.0f MB (resident %.0f MB)",

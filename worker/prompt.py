@@ -18,7 +18,7 @@ from kiln.protocol.request import FunctionCall, FunctionCallOutput, GenerateRequ
 class ChatTemplate(Protocol):
     chat_template: str | None
 
-    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = True, **kwargs: Any) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True, **kwargs: Any) -> str: ...
 
 
 @dataclass
@@ -38,14 +38,14 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def to_messages(instructions: str | None, items: Sequence[InputItem], *, tool_markup: bool) -> list[dict]:
+def to_messages(instructions: str | None, items: Sequence[InputItem], *, tool_markup: bool) -> list[dict[str, Any]]:
     """Map the request's input items onto chat messages.
 
     ``tool_markup`` renders calls and their outputs as Hermes-style text for templates that do not
     understand ``tool_calls`` / the ``tool`` role themselves.
     """
     system_parts = [instructions] if instructions else []
-    messages: list[dict] = []
+    messages: list[dict[str, Any]] = []
     pending_reasoning: str | None = None
     for item in items:
         if isinstance(item, Message):
@@ -87,7 +87,7 @@ def to_messages(instructions: str | None, items: Sequence[InputItem], *, tool_ma
     return messages
 
 
-def _append(messages: list[dict], message: dict) -> None:
+def _append(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
     """Append, merging consecutive messages of one role (several templates demand alternation)."""
     last = messages[-1] if messages else None
     if (
@@ -102,7 +102,7 @@ def _append(messages: list[dict], message: dict) -> None:
     messages.append(message)
 
 
-def chat_template_tools(tools: Sequence[ToolSpec]) -> list[dict]:
+def chat_template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     """Functions in the nested shape Hugging Face chat templates iterate over."""
     return [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}} for t in tools]
 

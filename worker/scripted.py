@@ -46,7 +46,7 @@ class ByteTokenizer:
     def stream_decoder(self) -> ByteStreamDecoder:
         return ByteStreamDecoder()
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **_: Any) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **_: Any) -> str:
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
         return text + ("assistant: " if add_generation_prompt else "")
 

@@ -89,7 +89,7 @@ class GatewayLink:
 
     index: int
     address: str
-    socket: zmq.Socket
+    socket: zmq.Socket[bytes]
     registered: bool = False
     heard: float = 0.0  # when this gateway last sent anything (monotonic)
     timeout_s: float | None = None  # its heartbeat timeout once it said so (None: never given up on)
@@ -115,11 +115,11 @@ class Outbox:
     Each frame names the link and request it belongs to, so the loop sends it on the right
     DEALER and knows when a request ends."""
 
-    def __init__(self, ctx: zmq.Context, address: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
         self._ctx = ctx
         self._address = address
         self._local = threading.local()
-        self._sockets: list[zmq.Socket] = []
+        self._sockets: list[zmq.Socket[bytes]] = []
         self._lock = threading.Lock()
 
     def emitter(self, link: int) -> Callable[[Any], None]:
@@ -146,7 +146,7 @@ class Outbox:
 
 
 class WorkerServer:
-    def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict | None = None,
+    def __init__(self, gateways: str | list[str], service: Any, *, model_id: str, aliases: list[str], context_window: int, capacity: int, queue_depth: int, features: dict[str, Any] | None = None,
         secret: str | None = None, discovery: Any = None, ready: Callable[[], bool] | None = None, memory: dict[str, int] | None = None) -> None:
         self.gateways = [gateways] if isinstance(gateways, str) else list(gateways)
         # Gateways advertised in Redis (worker/discovery.py), served besides the given ones.
@@ -179,7 +179,7 @@ class WorkerServer:
     def stop(self) -> None:
         self._stop.set()
 
-    def _open(self, ctx: zmq.Context, poller: zmq.Poller, outbox: Outbox, address: str, *, discovered: bool = False) -> GatewayLink:
+    def _open(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller, outbox: Outbox, address: str, *, discovered: bool = False) -> GatewayLink:
         dealer = ctx.socket(zmq.DEALER)
         secure_worker_socket(dealer, self.secret)
         # No IDENTITY: the gateway's ROUTER gives each connection a routing id of its own, so no
@@ -204,7 +204,7 @@ class WorkerServer:
         del self._links[link.index]
         log.info("stopped serving gateway", extra={"gateway": link.address})
 
-    def _rediscover(self, ctx: zmq.Context, poller: zmq.Poller, outbox: Outbox) -> None:
+    def _rediscover(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller, outbox: Outbox) -> None:
         """Serve newly advertised gateways; let go of discovered ones no longer advertised once
         they stop answering (a gateway that still answers is never dropped for Redis's sake)."""
         advertised = self.discovery.addresses() if self.discovery is not None else None
@@ -218,7 +218,7 @@ class WorkerServer:
                 self._close(poller, link)
 
     def run(self) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         inbox_address = f"inproc://kiln-outbox-{self.worker_id}"
         inbox = ctx.socket(zmq.PULL)
         inbox.bind(inbox_address)

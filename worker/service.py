@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
-from kiln.protocol.request import FunctionCall, FunctionCallOutput, GenerateRequest, Message, Reasoning
+from kiln.protocol.request import FunctionCall, FunctionCallOutput, GenerateRequest, InputItem, Message, Reasoning
 from kiln.protocol.usage import Usage
 
 from . import compaction
@@ -57,7 +57,7 @@ class GenerationService:
         config: ServiceConfig,
         render_options: RenderOptions | None = None,
         router_factory: Callable[[GenerateRequest, str], Any] | None = None,
-        constraint_factory: Callable[[GenerateRequest], list] | None = None,
+        constraint_factory: Callable[[GenerateRequest], list[Any]] | None = None,  # logits processors, or an upstream's EngineConstraint
         tools_prompt: Callable[[GenerateRequest], str | None] | None = None,
         preparer: Preparer | None = None,
     ) -> None:
@@ -81,7 +81,8 @@ class GenerationService:
         return render(request, self.tokenizer, self.render_options, tools_prompt=tools_prompt)
 
     def prompt_tokens(self, request: GenerateRequest) -> list[int]:
-        return self.tokenizer.encode(self.prompt_text(request))
+        tokens: list[int] = self.tokenizer.encode(self.prompt_text(request))
+        return tokens
 
     def _render(self, req_id: str, request: GenerateRequest, emit: Emit) -> str | None:
         """The prompt text, or None after answering Failed (a template that raises is the
@@ -200,7 +201,10 @@ class GenerationService:
             if before > window:
                 return refuse(f"the history is {before} tokens, longer than the context window of {window}")
             bare = replace(request, instructions=None, tools=())
-            count = lambda part: len(self.prompt_tokens(replace(bare, input=tuple(part))))  # noqa: E731
+
+            def count(part: list[InputItem]) -> int:
+                return len(self.prompt_tokens(replace(bare, input=tuple(part))))
+
             split = compaction.plan(items, message.keep_tokens, count)
             if not split.summarized:  # nothing to summarize: all retained, no generation
                 emit(Compacted(req_id, "", split.kept, split.retained, before, before, Usage()))
@@ -276,7 +280,7 @@ class GenerationService:
             log.exception("could not prepare output parsing")
             emit(Failed(req_id, 500, "server_error", "The output parser could not be set up for this request."))
             return
-        request = EngineRequest(
+        engine_request = EngineRequest(
             prompt=prompt,
             params=params,
             stop_tokens=frozenset(self.tokenizer.eos_token_ids),
@@ -286,8 +290,8 @@ class GenerationService:
             cache_key=request.cache_key,
             cache_scope=request.cache_scope,
         )
-        run.request = request
-        self._submit(req_id, request, emit)
+        run.request = engine_request
+        self._submit(req_id, engine_request, emit)
 
     def _forget(self, req_id: str) -> None:
         with self._lock:
@@ -320,7 +324,7 @@ class _Run:
         self.request: EngineRequest | None = None
         tok = service.tokenizer
         self.decoder = tok.stream_decoder()
-        self._pending: list[dict] = []  # this token's events, sent together
+        self._pending: list[dict[str, Any]] = []  # this token's events, sent together
         self.assembler = OutputAssembler(
             self._pending.append,
             router=router,

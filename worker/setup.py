@@ -6,14 +6,18 @@ import logging
 import threading
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.protocol.request import GenerateRequest, ToolSpec
 
-from .output.router import make_router
+from .output.router import ResponseRouter, make_router
+from .output.tool_calls.base import ToolCallParser
 from .output.tool_calls.select import parser_for
 from .output.tool_prompt import render_tools_system_prompt, template_supports_tools
 from .prompt import RenderOptions
+
+if TYPE_CHECKING:  # engine.types imports mlx, which the upstream and scripted workers never load
+    from .engine.types import LogitsProcessor
 
 log = logging.getLogger("kiln.worker.setup")
 
@@ -33,7 +37,7 @@ def model_extras(tokenizer: Any, tool_parser: str | None, constraints: Constrain
 
     parser_for(template, override=override)  # an unknown --tool-parser fails at start, not per request
 
-    def router_factory(request: GenerateRequest, prompt_text: str):
+    def router_factory(request: GenerateRequest, prompt_text: str) -> ResponseRouter:
         # A forced call is generated in the Hermes syntax the grammar spells out, whatever the
         # model's own format, so it is parsed as Hermes.
         chosen = "hermes" if request.forces_call else override
@@ -104,7 +108,7 @@ class Constraints:
             raise ValueError("Structured output is unavailable for this model.")
         return self._compiler
 
-    def for_request(self, request: GenerateRequest) -> list:
+    def for_request(self, request: GenerateRequest) -> list[LogitsProcessor]:
         """Processors for one request; raises ValueError for a grammar that cannot compile."""
         from .structured import GrammarError
 
@@ -120,7 +124,7 @@ class Constraints:
             raise ValueError(str(exc)) from exc
 
 
-def _parser(template: str, override: str | None, tools: list[dict]):
+def _parser(template: str, override: str | None, tools: list[dict[str, Any]]) -> ToolCallParser:
     return parser_for(template, override=override, tools=tools)
 
 

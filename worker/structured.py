@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import llguidance
 import mlx.core as mx
@@ -66,7 +66,8 @@ def grammar_for_format(text_format: Mapping[str, Any] | None) -> str | None:
     else:
         raise GrammarError(f"unsupported text.format type {kind!r}")
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(bounded_formats(schema), overrides=JSON_COMPILE_OPTIONS)
+        # The shared options are a plain dict of JsonCompileOptions' keys (protocol has no llguidance).
+        return llguidance.LLMatcher.grammar_from_json_schema(bounded_formats(schema), overrides=JSON_COMPILE_OPTIONS)  # type: ignore[arg-type]
     except ValueError as exc:
         raise GrammarError(str(exc)) from None
 
@@ -121,7 +122,7 @@ def bounded_formats(schema: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict]]:
+def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separator: str = ".") -> list[tuple[str, dict[str, Any]]]:
     """(name, parameters) for every callable function, namespaces flattened as ``ns<sep>name``.
 
     Accepts Responses-style tools (``{"type": "function", "name", "parameters"}``), Chat-style
@@ -130,7 +131,7 @@ def _grammar_functions(tools: Iterable[Mapping[str, Any]], *, namespace_separato
     arrives with its tools already flat (``GenerateRequest.tools``, flattened at the gateway's
     edge); these other shapes are what the grammar builder accepts when used on its own.
     """
-    out: list[tuple[str, dict]] = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for tool in tools:
         kind = tool.get("type", "function")
         if kind == "function":
@@ -398,7 +399,7 @@ class ConstraintProcessor:
             self._seen = total
             return
         if total > self._seen:
-            new = tokens.reshape(-1)[self._seen :].tolist()  # type: ignore[union-attr]
+            new = cast("list[int]", tokens.reshape(-1)[self._seen :].tolist())  # type: ignore[union-attr]  # total > 0: tokens is set
             self._seen = total
             self.consume(new)
         elif total < self._seen:

@@ -25,6 +25,7 @@ key: its key splits once per delivered token). Rejected positions leave the cach
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -63,10 +64,12 @@ class Delivery:
     top: list[tuple[int, float]] | None
 
 
-def _pad_rows(x: mx.array | None, n: int) -> mx.array | None:
+# What _take reads back: each row's token, its logprob, and (when asked) its top ids and logprobs.
+Taken = tuple[list[int], list[float], tuple[list[list[int]], list[list[float]]] | None]
+
+
+def _pad_rows(x: mx.array, n: int) -> mx.array:
     """Append n placeholder rows to a pending per-row array."""
-    if x is None:
-        return None
     return mx.concatenate([x, mx.zeros((n, *x.shape[1:]), dtype=x.dtype)])
 
 
@@ -113,16 +116,22 @@ class DecodeBatch:
             self._logprobs = mx.zeros((n,))
             self._top = None
         else:
+            inputs, logprobs = self._fed()
             for mine, theirs in zip(self._cache, cache, strict=False):
                 mine.extend(theirs)
-            self._inputs = mx.concatenate([self._inputs, tokens])
-            self._logprobs = _pad_rows(self._logprobs, n)
+            self._inputs = mx.concatenate([inputs, tokens])
+            self._logprobs = _pad_rows(logprobs, n)
             if self._top is not None:
                 self._top = (_pad_rows(self._top[0], n), _pad_rows(self._top[1], n))
         for row in rows:
             if row.req.logits_processors:
                 row.context = TokenBuffer(row.tokens)
         self.rows.extend(rows)
+
+    def _fed(self) -> tuple[mx.array, mx.array]:
+        """The tokens the next step feeds and their logprobs: set whenever the batch has rows."""
+        assert self._inputs is not None and self._logprobs is not None, "an empty batch feeds nothing"
+        return self._inputs, self._logprobs
 
     def extract(self, i: int) -> list[KVCache]:
         """Row i's KV (exactly the positions of rows[i].tokens), as plain caches."""
@@ -140,14 +149,15 @@ class DecodeBatch:
         for c in self._cache:
             c.filter(keep)
         idx = mx.array(keep)
-        self._inputs = self._inputs[idx]
-        self._logprobs = self._logprobs[idx]
+        inputs, logprobs = self._fed()
+        self._inputs = inputs[idx]
+        self._logprobs = logprobs[idx]
         if self._top is not None:
             self._top = (self._top[0][idx], self._top[1][idx])
 
-    def _apply_processors(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list]:
+    def _apply_processors(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list[mx.array]]:
         """Run each row's logits processors on its own row; a failure marks only that row."""
-        contexts = []
+        contexts: list[mx.array] = []
         if not any(r.context is not None for r in self.rows):
             return logits, contexts
         out = []
@@ -179,11 +189,13 @@ class DecodeBatch:
 
     def _plain_step(self) -> list[Delivery]:
         rows = self.rows
-        inputs = self._inputs
+        inputs, fed_logprobs = self._fed()
         logprobs = None
-        native = self.native is not None and len(rows) <= self.native.max_rows
-        if native:
-            found = self.native(inputs[:, None], self._cache)
+        contexts: list[mx.array]
+        decoder = self.native if self.native is not None and len(rows) <= self.native.max_rows else None
+        native = decoder is not None
+        if decoder is not None:
+            found = decoder(inputs[:, None], self._cache)
             if all(r.context is None for r in rows):
                 # mlx's CPU exp is slow; numpy's log-softmax over the vocabulary is not.
                 logprobs, contexts = mx.array(log_softmax(found)), []
@@ -202,7 +214,7 @@ class DecodeBatch:
 
         # The tokens fed by this step are now in the cache; unless they went out when they
         # were sampled, deliver them.
-        fed = self._take(inputs, self._logprobs, self._top)
+        fed = self._take(inputs, fed_logprobs, self._top)
         out = []
         for i, row in enumerate(rows):
             row.tokens.append(fed[0][i])
@@ -238,12 +250,12 @@ class DecodeBatch:
         return mx.concatenate(picks)
 
     @staticmethod
-    def _take(tokens: mx.array, logprobs: mx.array, top: tuple[mx.array, mx.array] | None) -> tuple:
+    def _take(tokens: mx.array, logprobs: mx.array, top: tuple[mx.array, mx.array] | None) -> Taken:
         mx.eval(tokens, logprobs, top or ())
-        return tokens.tolist(), logprobs.tolist(), (top[0].tolist(), top[1].tolist()) if top else None
+        return cast(Taken, (tokens.tolist(), logprobs.tolist(), (top[0].tolist(), top[1].tolist()) if top else None))
 
     @staticmethod
-    def _delivery(row: Row, i: int, tokens: list[int], logprobs: list[float], top: tuple | None) -> Delivery:
+    def _delivery(row: Row, i: int, tokens: list[int], logprobs: list[float], top: tuple[list[list[int]], list[list[float]]] | None) -> Delivery:
         want = row.req.params.top_logprobs
         alts = None
         if want and top is not None:
@@ -266,8 +278,9 @@ class DecodeBatch:
         # On the pipelined path the pending tokens are still being computed: wait for them only
         # where a row's known tokens leave a match possible.
         if not eligible or (not self._fed_delivered and not any(r.drafts.may_match(r.tokens) for r in eligible if r.drafts)):
-            return self._quiet()
-        pending = self._inputs.tolist()
+            self._quiet()
+            return None
+        pending = cast("list[int]", self._fed()[0].tolist())
         undelivered = 0 if self._fed_delivered else 1
         drafts: list[list[int]] = []
         for row, token in zip(self.rows, pending, strict=False):
@@ -283,7 +296,8 @@ class DecodeBatch:
             width = choose_width(drafts, [r.drafts.acceptance if r.drafts else 0.0 for r in self.rows])
             drafts = [d[: width - 1] for d in drafts]
         if not any(drafts):
-            return self._quiet()
+            self._quiet()
+            return None
         return drafts
 
     def _quiet(self) -> None:
@@ -298,7 +312,8 @@ class DecodeBatch:
         and the first draw that differs (or follows the last draft)."""
         rows = self.rows
         out: list[Delivery] = []
-        pending = self._take(self._inputs, self._logprobs, self._top)
+        inputs, fed_logprobs = self._fed()
+        pending = self._take(inputs, fed_logprobs, self._top)
         if not self._fed_delivered:
             out.extend(self._delivery(row, i, *pending) for i, row in enumerate(rows) if row.started)
         last: list[int] = pending[0]
@@ -306,9 +321,10 @@ class DecodeBatch:
         # Rows with fewer drafts are right-padded (with their own token): positions after a
         # row's real ones never reach its real positions' logits, and leave the cache below.
         block = mx.array([[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(last, drafts, strict=False)], dtype=mx.uint32)
-        native = self.native is not None and len(rows) * width <= self.native.max_rows
-        if native:
-            raw = self.native.forward(block, self._cache)
+        decoder = self.native if self.native is not None and len(rows) * width <= self.native.max_rows else None
+        native = decoder is not None
+        if decoder is not None:
+            raw = decoder.forward(block, self._cache)
             logprobs = log_softmax(raw)
             first = mx.array(raw[:, 0, :]) if any(r.context is not None for r in rows) else None
         else:
@@ -318,7 +334,7 @@ class DecodeBatch:
             logprobs = np.array(lp)
             first = logits[:, 0, :] if any(r.context is not None for r in rows) else None
         if first is not None:  # processor rows draft nothing: only their first position counts
-            processed, _ = self._apply_processors(first, self._inputs)
+            processed, _ = self._apply_processors(first, inputs)
             processed = processed - mx.logsumexp(processed, axis=-1, keepdims=True)
             processed_np = np.array(processed)
             for i, row in enumerate(rows):
@@ -357,7 +373,7 @@ class DecodeBatch:
         the first that differs (or the one after the last draft). A sampler that raises marks
         the row (the scheduler ends it) and yields a placeholder that is never delivered."""
         if row.error is not None or row.sampler is greedy:
-            best = logprobs.argmax(axis=-1).tolist()
+            best: list[int] = logprobs.argmax(axis=-1).tolist()
             kept = 0
             while kept < len(drafts) and best[kept] == drafts[kept]:
                 kept += 1
@@ -365,7 +381,7 @@ class DecodeBatch:
         picks: list[int] = []
         try:
             for j in range(len(drafts) + 1):
-                token = int(row.sampler(mx.array(logprobs[j : j + 1])).item())
+                token = int(cast(int, row.sampler(mx.array(logprobs[j : j + 1])).item()))
                 picks.append(token)
                 if j == len(drafts) or token != drafts[j]:
                     break

@@ -38,6 +38,7 @@ def _view(cache: list[KVCache], n: int) -> list[KVCache]:
     for c in cache:
         v = KVCache()
         if n > 0:
+            assert c.keys is not None and c.values is not None  # a stored entry holds its n tokens
             v.keys = c.keys[..., :n, :]
             v.values = c.values[..., :n, :]
             v.offset = n

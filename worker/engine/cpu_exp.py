@@ -27,12 +27,12 @@ import os
 import sys
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
+from ..loading.parameters import flat_parameters
 from .layout import on_cpu
 
 log = logging.getLogger("kiln.worker.engine")
@@ -188,8 +188,9 @@ def install(model: nn.Module) -> bool:
 
 def _close(ours: mx.array, ref: mx.array) -> bool:
     ours, ref = ours.astype(mx.float32), ref.astype(mx.float32)
-    err = mx.max(mx.abs(ours - ref)).item()
-    return bool(mx.all(mx.isfinite(ours)).item()) and err <= 1e-4 * max(1.0, mx.max(mx.abs(ref)).item())
+    # .item() of a float32 scalar is a float (its stub also names int and complex).
+    err = cast(float, mx.max(mx.abs(ours - ref)).item())
+    return bool(mx.all(mx.isfinite(ours)).item()) and err <= 1e-4 * max(1.0, cast(float, mx.max(mx.abs(ref)).item()))
 
 
 def _attention_agrees(model: nn.Module) -> bool:
@@ -197,7 +198,7 @@ def _attention_agrees(model: nn.Module) -> bool:
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     hidden = getattr(args, "hidden_size", None)
-    if not heads or not hidden or heads % kv_heads:
+    if not heads or not hidden or not kv_heads or heads % kv_heads:
         return False
     dim = getattr(args, "head_dim", None) or hidden // heads
     dtype = _dtype(model)
@@ -225,7 +226,7 @@ def _swiglu_agrees(glu: Callable[[mx.array, mx.array], mx.array]) -> bool:
 
 
 def _dtype(model: nn.Module) -> mx.Dtype:
-    for _, value in tree_flatten(model.parameters()):
+    for _, value in flat_parameters(model):
         if mx.issubdtype(value.dtype, mx.floating):
             return value.dtype
     return mx.float32

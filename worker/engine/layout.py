@@ -24,7 +24,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+
+from ..loading.parameters import flat_parameters
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class InputMajorLinear(nn.Module):
     """nn.Linear with its weight stored transposed: (in, out)."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # mlx's Module.__init__ is unannotated
         self.weight_t = mx.contiguous(linear.weight.T)
         if "bias" in linear:
             self.bias = linear.bias
@@ -53,7 +54,7 @@ class InputMajorEmbedding(nn.Module):
     """nn.Embedding stored (dims, vocab), so a tied output head reads it fast."""
 
     def __init__(self, embedding: nn.Embedding) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # mlx's Module.__init__ is unannotated
         self.weight_t = mx.contiguous(embedding.weight.T)
 
     @property
@@ -68,14 +69,15 @@ class InputMajorEmbedding(nn.Module):
         return x @ self.weight_t
 
 
-def _dense(m: object, kind: type) -> bool:
-    return type(m) is kind and mx.issubdtype(m.weight.dtype, mx.floating)
+def _floating(weight: mx.array) -> bool:
+    return mx.issubdtype(weight.dtype, mx.floating)
 
 
 def _swap_for(child: object, tied: bool) -> nn.Module | None:
-    if _dense(child, nn.Linear):
+    # Exactly these classes (not subclasses such as the packed or GGUF-block layers), and dense.
+    if type(child) is nn.Linear and _floating(child.weight):
         return InputMajorLinear(child)
-    if tied and _dense(child, nn.Embedding):
+    if tied and type(child) is nn.Embedding and _floating(child.weight):
         return InputMajorEmbedding(child)
     return None
 
@@ -83,7 +85,7 @@ def _swap_for(child: object, tied: bool) -> nn.Module | None:
 def _probe(model: nn.Module) -> mx.array:
     from mlx_lm.models.cache import make_prompt_cache
 
-    logits = model(mx.array([[1, 2, 3]]), cache=make_prompt_cache(model))
+    logits: mx.array = model(mx.array([[1, 2, 3]]), cache=make_prompt_cache(model))
     mx.eval(logits)
     return logits
 
@@ -184,7 +186,7 @@ def choose_weight_layout(model: nn.Module, *, steps: int = 3, rounds: int = 2, m
     so that drift in machine load hits both (about two seconds for a 135M model). Both
     copies exist while measuring, so models over ``max_bytes`` keep the stock layout.
     """
-    if sum(v.nbytes for _, v in tree_flatten(model.parameters())) > max_bytes:
+    if sum(v.nbytes for _, v in flat_parameters(model)) > max_bytes:
         return False
     swaps = _verified_swaps(model)  # applied: the model is input-major now
     if not swaps:

@@ -114,7 +114,8 @@ class _Layer:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-probabilities, float32."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return out
 
 
 def _packed(module: nn.Module) -> Weights | None:
@@ -144,23 +145,26 @@ def _layer(block: nn.Module, eps: float) -> _Layer | None:
     if type(mlp) not in _MLPS or rope_frequencies(attn.rope) is None:
         return None
     projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    parts = [_packed(m) for m in projections]
+    found = [_packed(m) for m in projections]
+    parts = [p for p in found if p is not None]
     norms = [block.input_layernorm, block.post_attention_layernorm]
     qk_norm = None
     if hasattr(attn, "q_norm"):
         norms += [attn.q_norm, attn.k_norm]
         qk_norm = (np.asarray(attn.q_norm.weight), np.asarray(attn.k_norm.weight))
-    if any(p is None for p in parts) or any(type(n) is not nn.RMSNorm or n.eps != eps for n in norms):
+    if len(parts) < len(found) or any(type(n) is not nn.RMSNorm or n.eps != eps for n in norms):
         return None
     if not all(_same_input(group) for group in (parts[:3], parts[3:4], parts[4:6], parts[6:])):
         return None
     biased = ["bias" in m for m in projections]
     if any(biased[3:]) or len(set(biased[:3])) > 1:
         return None
-    qkv_bias = tuple(np.asarray(m.bias) for m in projections[:3]) if biased[0] else None
+    q_proj, k_proj, v_proj = projections[:3]
+    qkv_bias = (np.asarray(q_proj.bias), np.asarray(k_proj.bias), np.asarray(v_proj.bias)) if biased[0] else None
     if attn.rope.dims * attn.n_heads != parts[0].out_dims or attn.rope.dims % 2 or attn.n_heads % attn.n_kv_heads:
         return None
-    return _Layer(np.asarray(norms[0].weight), np.asarray(norms[1].weight), *parts, qkv_bias=qkv_bias, qk_norm=qk_norm)
+    q, k, v, o, gate, up, down = parts
+    return _Layer(np.asarray(norms[0].weight), np.asarray(norms[1].weight), q, k, v, o, gate, up, down, qkv_bias=qkv_bias, qk_norm=qk_norm)
 
 
 def rope_frequencies(rope: nn.Module) -> tuple[np.ndarray, bool] | None:
@@ -186,7 +190,8 @@ def _weights(p: Weights, bias: np.ndarray | None = None) -> QuantizedWeights:
 
 
 def _vocab(embedding: nn.Module) -> int:
-    return embedding.num_embeddings if type(embedding) is GGMLEmbedding else embedding.weight.shape[0]
+    vocab: int = embedding.num_embeddings if type(embedding) is GGMLEmbedding else embedding.weight.shape[0]
+    return vocab
 
 
 def _blocks_line(layers: list[_Layer], head: Weights, embedding: nn.Module) -> str:
@@ -203,7 +208,7 @@ def _blocks_line(layers: list[_Layer], head: Weights, embedding: nn.Module) -> s
 class NativeDecoder:
     """Logits for new tokens of each row, given mlx-lm BatchKVCaches holding each row's past."""
 
-    def __init__(self, model: llama.Model, layers: list[_Layer], head: Weights, int8: bool) -> None:
+    def __init__(self, model: nn.Module, layers: list[_Layer], head: Weights, int8: bool) -> None:
         inner = model.model
         attn = inner.layers[0].self_attn
         self.max_rows = MAX_TOKENS
@@ -269,8 +274,9 @@ class NativeDecoder:
             head = _packed(head_module) if head_module is not None and "bias" not in head_module else None
         if head is None or not _same_input([head]):
             return None
-        layers = [_layer(block, inner.norm.eps) for block in inner.layers]
-        if any(layer is None for layer in layers):
+        found = [_layer(block, inner.norm.eps) for block in inner.layers]
+        layers = [layer for layer in found if layer is not None]
+        if len(layers) < len(found):
             return None
         int8_first = head.kernel.int8 and os.environ.get(ACTIVATIONS_ENV, "int8").strip().lower() != "float32"
         log.info("checking the native decode pass (%s build) against mlx", head.kernel.variant)
@@ -316,20 +322,20 @@ class NativeDecoder:
         keys = None if c.keys is None else np.asarray(c.keys)
         values = None if c.values is None else np.asarray(c.values)
         need = c._idx + new
-        usable = keys is not None and values is not None and all(
+        if keys is not None and values is not None and all(
             a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable and a.shape[2] >= need for a in (keys, values)
-        )
-        if not usable:
-            step = BatchKVCache.step
-            capacity = (need + step - 1) // step * step
-            shape = (rows, self._kv_heads, capacity, self._head_dim)
-            grown_k, grown_v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-            if keys is not None and values is not None:
-                grown_k[:, :, : c._idx] = keys[:, :, : c._idx]
-                grown_v[:, :, : c._idx] = values[:, :, : c._idx]
-            c.keys, c.values = mx.array(grown_k), mx.array(grown_v)
-            mx.eval(c.keys, c.values)
-            keys, values = np.asarray(c.keys), np.asarray(c.values)
+        ):
+            return keys, values  # usable as they are
+        step = BatchKVCache.step
+        capacity = (need + step - 1) // step * step
+        shape = (rows, self._kv_heads, capacity, self._head_dim)
+        grown_k, grown_v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        if keys is not None and values is not None:
+            grown_k[:, :, : c._idx] = keys[:, :, : c._idx]
+            grown_v[:, :, : c._idx] = values[:, :, : c._idx]
+        c.keys, c.values = mx.array(grown_k), mx.array(grown_v)  # type: ignore[assignment]  # mlx_lm's untyped __init__ sets them to None
+        mx.eval(c.keys, c.values)
+        keys, values = np.asarray(c.keys), np.asarray(c.values)
         return keys, values
 
     def _run(self, tokens: mx.array | np.ndarray, cache: list[BatchKVCache], head_rows: int) -> np.ndarray | None:

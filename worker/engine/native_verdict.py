@@ -127,9 +127,9 @@ def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictSt
     library = getattr(getattr(kernels, "library", None), "_name", None)
     if source is None or not library:
         return NativeDecoder.build(model)
-    store = store or VerdictStore()
-    key = source.key(os.path.basename(library))
-    known = {} if _truthy(RECHECK_ENV) else store.get(key)
+    checked, kept = source, store or VerdictStore()  # not None, for the class below too
+    key = checked.key(os.path.basename(library))
+    known = {} if _truthy(RECHECK_ENV) else kept.get(key)
     verdicts = dict(known)
 
     class _Remembered(NativeDecoder):
@@ -141,7 +141,7 @@ def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictSt
             began = time.monotonic()
             verdicts[mode] = super()._matches(model)
             log.info("native build check (%s activations): %s in %.1f s; kept for later starts", mode, "passed" if verdicts[mode] else "failed", time.monotonic() - began)
-            store.put(key, verdicts, source.model_path)
+            kept.put(key, verdicts, checked.model_path)
             return verdicts[mode]
 
     return _Remembered.build(model)

@@ -73,6 +73,11 @@ class Prefill:
         self.pos = self.cached = n
         self.req.cached_tokens = n
 
+    def begun_cache(self) -> list[KVCache]:
+        """The cache begin() set up (every step after it reads this)."""
+        assert self.cache is not None, "begin() comes first"
+        return self.cache
+
     @property
     def remaining(self) -> int:
         """Prompt tokens still to prefill (the last one is fed by the decode batch)."""
@@ -95,13 +100,14 @@ class Prefill:
         if native is not None and native.prefill_rows and (self.native_cache is not None or self.pos == self.cached):
             n = min(n, native.prefill_rows)
             if self.native_cache is None:
-                self.native_cache = [c.merge([c]) for c in self.cache]
+                self.native_cache = [c.merge([c]) for c in self.begun_cache()]
             native.prefill(np.array([self.req.prompt[self.pos : self.pos + n]], dtype=np.int32), self.native_cache)
             self.pos += n
             return n
         tokens = mx.array(self.req.prompt[self.pos : self.pos + n], dtype=mx.uint32)
-        model(tokens[None], cache=self.cache)  # logits stay lazy and are never computed
-        mx.eval([c.state for c in self.cache])
+        cache = self.begun_cache()
+        model(tokens[None], cache=cache)  # logits stay lazy and are never computed
+        mx.eval([c.state for c in cache])
         self.pos += n
         return n
 
@@ -109,7 +115,7 @@ class Prefill:
         """This request's cache as a one-row batch cache, ready to join the decode batch."""
         if self.native_cache is not None:
             return self.native_cache
-        return [c.merge([c]) for c in self.cache]
+        return [c.merge([c]) for c in self.begun_cache()]
 
 
 def prefill_together(model: nn.Module, group: list[Prefill], native: NativeDecoder | None = None) -> list[BatchKVCache]:
@@ -119,7 +125,7 @@ def prefill_together(model: nn.Module, group: list[Prefill], native: NativeDecod
     Returns one batch cache per layer holding the group's rows in order (left-padded,
     as the decode batch expects). Each request's own cache is left untouched.
     """
-    caches = [c.merge(list(layer)) for c, layer in zip(group[0].cache, zip(*(p.cache for p in group), strict=False), strict=False)]
+    caches = [c.merge(list(layer)) for c, layer in zip(group[0].begun_cache(), zip(*(p.begun_cache() for p in group), strict=False), strict=False)]
     chunks = [p.req.prompt[p.pos : len(p.req.prompt) - 1] for p in group]
     lengths = [len(c) for c in chunks]
     width = max(lengths)

@@ -26,10 +26,13 @@ import itertools
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from ..native.build import claim_team
 from . import cpu_exp
@@ -143,7 +146,7 @@ class Scheduler:
             self._cancels.add(handle)
             self._cv.notify()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         prefix = self._prefix
         return {
             "active": len(self._batch) + len(self._prefills),
@@ -261,12 +264,13 @@ class Scheduler:
             for i in sorted(drop):
                 row = self._batch.rows[i]
                 if row.started:
-                    self._remember(row.tokens, lambda i=i: self._batch.extract(i), row.req.cache_scope)
+                    self._remember(row.tokens, partial(self._batch.extract, i), row.req.cache_scope)
         self._batch.remove(drop)
 
-    def _remember(self, tokens: list[int], kv, scope: str | None) -> None:
+    def _remember(self, tokens: list[int], kv: Callable[[], list[KVCache]], scope: str | None) -> None:
         """Store KV in the prefix cache; it only saves work, so a failure here fails nobody."""
         try:
+            assert self._prefix is not None  # the callers check
             self._prefix.insert(tokens, kv(), scope)
         except Exception:
             log.exception("prefix cache insert failed")
@@ -362,14 +366,14 @@ class Scheduler:
                 return
             try:
                 spent += head.run_chunk(self._model, self._native)
-                cache = head.batch_cache() if head.remaining == 0 else None
+                finished = head.batch_cache() if head.remaining == 0 else None
             except Exception as e:
                 mx.clear_cache()
                 self._fail_prefill(head, e)
                 continue
-            if cache is not None:
+            if finished is not None:
                 self._prefills.remove(head)
-                self._join([head], cache, own_cache=head.native_cache is None)
+                self._join([head], finished, own_cache=head.native_cache is None)
                 return
             mx.clear_cache()  # between chunks of a long prompt
             self._progress(head.req)
@@ -416,7 +420,7 @@ class Scheduler:
                 break
         return group
 
-    def _join(self, group: list[Prefill], cache: list, own_cache: bool) -> None:
+    def _join(self, group: list[Prefill], cache: list[BatchKVCache], own_cache: bool) -> None:
         """Move prefilled requests (their rows of cache, in order) into the decode batch.
 
         own_cache: each request's own .cache holds its whole prefill (chunked path);
@@ -426,7 +430,8 @@ class Scheduler:
         for i, p in enumerate(group):
             prompt = p.req.prompt
             if self._prefix is not None and p.pos > p.cached:
-                self._remember(prompt[:-1], (lambda p=p: p.cache) if own_cache else (lambda i=i: extract_row(cache, i)), p.req.cache_scope)
+                self._remember(prompt[:-1], p.begun_cache if own_cache else partial(extract_row, cache, i), p.req.cache_scope)
+            assert p.sampler is not None  # made by _begin, before any prefill
             rows.append(Row(p.handle, p.req, p.sampler, tokens=list(prompt[:-1])))
         try:
             self._batch.add(rows, cache, [p.req.prompt[-1] for p in group])

@@ -17,10 +17,11 @@ from typing import Literal
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_unflatten
 
 from ..native.build import CpuKernels, cpu_kernels
 from .packed import PackedEmbedding, PackedLinear, PackedWeights
+from .parameters import flat_parameters
 
 WeightsChoice = Literal["auto", "native", "float32", "float16", "bfloat16"]
 WEIGHTS_CHOICES: tuple[str, ...] = ("auto", "native", "float32", "float16", "bfloat16")
@@ -65,6 +66,7 @@ def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: CpuKernels | N
             continue
         dense = _dequantized(module).astype(dtype)
         packed = None
+        layer: nn.Module
         if kernel is not None and dtype == mx.float32 and PackedWeights.supports(module):
             packed = PackedWeights(module, kernel)
         if isinstance(module, nn.QuantizedLinear):
@@ -90,7 +92,7 @@ def dequantize_modules(model: nn.Module, dtype: mx.Dtype, kernel: CpuKernels | N
 
 def cast_floating(model: nn.Module, dtype: mx.Dtype) -> None:
     """Cast every floating-point parameter to `dtype` (packed ints stay as they are)."""
-    params = tree_flatten(model.parameters())
+    params = flat_parameters(model)
     model.update(
         tree_unflatten(
             [(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in params]

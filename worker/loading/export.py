@@ -28,10 +28,10 @@ def export_folder(gguf_path: str | Path, out_dir: str | Path, *, dtype: Dtype | 
     tokenizer_config.json and special_tokens_map.json, replacing any there.
     """
     import mlx.core as mx
-    from mlx.utils import tree_flatten
 
     from .device import dequantize_modules
     from .gguf import load_gguf
+    from .parameters import flat_parameters
 
     model, tokenizer, info = load_gguf(Path(gguf_path))  # native (quantized) layout
     if dtype is not None:
@@ -69,7 +69,7 @@ def export_folder(gguf_path: str | Path, out_dir: str | Path, *, dtype: Dtype | 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    weights = dict(tree_flatten(model.parameters()))
+    weights = dict(flat_parameters(model))
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     tokenizer.hf_tokenizer.save(str(folder / "tokenizer.json"))
     eos_text = next((tokenizer.id_to_token(i) for i in sorted(tokenizer.eos_token_ids)), None)

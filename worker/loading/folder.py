@@ -8,6 +8,7 @@ ours, so that folder and GGUF models look the same to the rest of the worker.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import mlx.nn as nn
 from mlx_lm.utils import load_model as mlx_lm_load_model
@@ -20,7 +21,7 @@ _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length",
 DEFAULT_CONTEXT_WINDOW = 4096
 
 
-def _context_window(config: dict) -> int:
+def _context_window(config: dict[str, Any]) -> int:
     for source in (config, config.get("text_config") or {}):
         for key in _CONTEXT_KEYS:
             value = source.get(key)
@@ -29,7 +30,7 @@ def _context_window(config: dict) -> int:
     return DEFAULT_CONTEXT_WINDOW
 
 
-def _quantization(config: dict) -> str:
+def _quantization(config: dict[str, Any]) -> str:
     quant = config.get("quantization") or config.get("quantization_config")
     if isinstance(quant, dict):
         mode = quant.get("mode") or quant.get("quant_method") or "affine"

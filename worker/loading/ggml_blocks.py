@@ -74,10 +74,10 @@ class GGMLWeights:
         if flat.shape[0] <= EXACT_KERNEL_MAX_ROWS:
             mx.eval(flat)
             rows = np.ascontiguousarray(np.asarray(flat))
-            y = self.kernel.ggml_matmul(rows, self.blocks, self.type_id, self.in_dims, exact=True)
-            return mx.array(y).reshape(*x.shape[:-1], self.out_dims)
+            product = self.kernel.ggml_matmul(rows, self.blocks, self.type_id, self.in_dims, exact=True)
+            return mx.array(product).reshape(*x.shape[:-1], self.out_dims)
         step = max(1, _PIECE_FLOATS // self.in_dims)
-        parts = []
+        parts: list[mx.array] = []
         for start in range(0, self.out_dims, step):
             piece = mx.array(self.kernel.ggml_dequantize(self.blocks[start : start + step], self.type_id, self.in_dims))
             part = flat @ piece.T
@@ -91,7 +91,7 @@ class GGMLLinear(nn.Module):
     """nn.Linear over a GGUF's blocks (see the module docstring)."""
 
     def __init__(self, weights: GGMLWeights, bias: bool = False) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # mlx's Module.__init__ is unannotated
         self._ggml = weights
         if bias:
             self.bias = mx.zeros((weights.out_dims,))
@@ -105,7 +105,7 @@ class GGMLEmbedding(nn.Module):
     """nn.Embedding over a GGUF's blocks: a lookup dequantizes only the rows it reads."""
 
     def __init__(self, weights: GGMLWeights) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # mlx's Module.__init__ is unannotated
         self._ggml = weights
         self.num_embeddings = weights.out_dims
         self.dims = weights.in_dims

@@ -69,7 +69,7 @@ class FactorRoPE(nn.Module):
     """
 
     def __init__(self, dims: int, base: float, factors: mx.array) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # mlx's Module.__init__ is unannotated
         self.dims = dims
         exponents = mx.arange(0, dims, 2, dtype=mx.float32) / dims
         self._freqs = (base**exponents) * factors.astype(mx.float32)
@@ -89,7 +89,7 @@ class FactorRoPE(nn.Module):
         )
 
 
-def _quant_params(path: str, weights: Mapping[str, mx.array], module: nn.Module) -> dict | bool:
+def _quant_params(path: str, weights: Mapping[str, mx.array], module: nn.Module) -> dict[str, Any] | bool:
     """Bits and group size of a module the file stores quantized (False if not)."""
     scales = weights.get(f"{path}.scales")
     if scales is None or not hasattr(module, "to_quantized"):
@@ -165,7 +165,8 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
 
 def _build(arch: Architecture, args: dict[str, Any]) -> nn.Module:
     models = importlib.import_module(f"mlx_lm.models.{arch.module}")
-    return models.Model(models.ModelArgs.from_dict(args))
+    model: nn.Module = models.Model(models.ModelArgs.from_dict(args))
+    return model
 
 
 def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, Tokenizer, ModelInfo]:

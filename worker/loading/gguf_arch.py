@@ -72,7 +72,7 @@ class _Hyper:
         heads = int(self.get("attention.head_count"))
         hidden = int(self.get("embedding_length"))
         vocab = self.get("vocab_size") or len(self.md["tokenizer.ggml.tokens"])
-        args = {
+        args: dict[str, Any] = {
             "hidden_size": hidden,
             "num_hidden_layers": int(self.get("block_count")),
             "intermediate_size": int(self.get("feed_forward_length", 0)),
@@ -133,7 +133,7 @@ def _phi3_args(h: _Hyper) -> dict[str, Any]:
 def _query_scale(args: dict[str, Any]) -> float:
     # llama.cpp: 1/sqrt(head_dim), except Gemma 2/3 27B which scale by hidden/heads.
     if args["num_hidden_layers"] in (46, 62):
-        return args["hidden_size"] / args["num_attention_heads"]
+        return float(args["hidden_size"] / args["num_attention_heads"])
     return float(args["head_dim"])
 
 

@@ -207,7 +207,10 @@ def repack(data: np.ndarray, type_name: str) -> dict[str, mx.array]:
         weight[start : start + step] = pack(q.reshape(part.shape[0], width), spec.bits)
         scales[start : start + step] = s.reshape(part.shape[0], -1)
         biases[start : start + step] = b.reshape(part.shape[0], -1)
-    shape = lambda a: a.reshape(*rows, a.shape[-1])  # noqa: E731
+
+    def shape(a: np.ndarray) -> np.ndarray:
+        return a.reshape(*rows, a.shape[-1])
+
     return {"weight": mx.array(shape(weight)), "scales": mx.array(shape(scales)), "biases": mx.array(shape(biases))}
 
 

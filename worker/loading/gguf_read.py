@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -43,7 +43,7 @@ class GGUFContents:
 
     tensors: dict[str, mx.array]
     metadata: dict[str, Any]
-    types: Counter = field(default_factory=Counter)  # GGML type name -> tensor count
+    types: Counter[str] = field(default_factory=Counter)  # GGML type name -> tensor count
     # Matrices kept as the file's blocks (GGUF name -> type name, (rows, row bytes) uint8 view of
     # the memory-mapped file, weights per row); see ggml_blocks.py.
     blocks: dict[str, tuple[str, np.ndarray, int]] = field(default_factory=dict)
@@ -111,7 +111,7 @@ def read_gguf(path: str | Path, keep: frozenset[str] = frozenset(), header: GGUF
         header = header if header is not None else read_header(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
-    types: Counter = Counter()
+    types: Counter[str] = Counter()
     names: dict[str, str] = {}
     for info in header.tensors:
         name = ggml_type_name(info.type_id)
@@ -125,10 +125,11 @@ def read_gguf(path: str | Path, keep: frozenset[str] = frozenset(), header: GGUF
 
     if set(types) <= MX_NATIVE_TYPES and not keep & set(types):
         try:
-            tensors, metadata = mx.load(str(path), return_metadata=True)
+            # With return_metadata, mx.load returns (tensors, metadata); its stub names every form.
+            loaded = cast("tuple[dict[str, mx.array], dict[str, Any]]", mx.load(str(path), return_metadata=True))
         except Exception as exc:
             raise ValueError(f"cannot read GGUF {path}: {exc}") from exc
-        return GGUFContents(dict(tensors), dict(metadata), types)
+        return GGUFContents(dict(loaded[0]), dict(loaded[1]), types)
 
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     tensors: dict[str, mx.array] = {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .hub import HubId
     from .tokenizer import Tokenizer
 
 from .errors import ModelNotFoundError
@@ -77,7 +78,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _hub_id(model: str):
+def _hub_id(model: str) -> HubId | None:
     from .hub import parse_hub_id
 
     return parse_hub_id(model)

@@ -222,8 +222,8 @@ def _token_text(value: Any) -> str | None:
     # tokenizer_config.json writes special tokens as "text" or {"content": "text", ...}.
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, dict) and isinstance(content := value.get("content"), str):
+        return content
     return None
 
 

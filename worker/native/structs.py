@@ -9,6 +9,7 @@ never outlives the memory it names.
 from __future__ import annotations
 
 import ctypes
+from typing import overload
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class QuantizedWeights(ctypes.Structure):
 
     @classmethod
     def of(cls, q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int, bias: np.ndarray | None = None) -> QuantizedWeights:
-        arrays = [np.ascontiguousarray(q, np.uint8), np.ascontiguousarray(scales, np.float16), np.ascontiguousarray(biases, np.float16)]
+        arrays: list[np.ndarray] = [np.ascontiguousarray(q, np.uint8), np.ascontiguousarray(scales, np.float16), np.ascontiguousarray(biases, np.float16)]
         if bias is not None:
             bias = np.ascontiguousarray(bias, np.float32)
         out = cls(*(_ptr(a) for a in arrays), _ptr(bias), bits, group_size, q.shape[0], q.shape[1] * 8 // bits)
@@ -74,6 +75,12 @@ class Model(ctypes.Structure):
 CACHE_FIELDS = 6
 
 
+@overload
+def floats(a: np.ndarray) -> np.ndarray: ...
+@overload
+def floats(a: None) -> None: ...
+@overload
+def floats(a: np.ndarray | None) -> np.ndarray | None: ...
 def floats(a: np.ndarray | None) -> np.ndarray | None:
     """A float32 C-contiguous copy (or the array itself when it already is one)."""
     return None if a is None else np.ascontiguousarray(a, np.float32)

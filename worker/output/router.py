@@ -7,6 +7,7 @@ text that might be the start of their markup, so no markup leaks into ``output_t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .events import Call, Piece
@@ -54,7 +55,7 @@ class ResponseRouter:
             pieces.append(Piece("content", final.text[len(streamed):]))
         return pieces, calls
 
-    def _route(self, segments: list[tuple[str, str]]) -> list[Piece]:
+    def _route(self, segments: Sequence[tuple[str, str]]) -> list[Piece]:
         pieces: list[Piece] = []
         for channel, text in segments:
             if channel == "reasoning":
@@ -81,7 +82,7 @@ class ResponseRouter:
         return pieces
 
 
-def make_router(prompt_text: str, *, tools: list[dict], tool_choice: Any, parser_factory: Any, forced: bool = False, forced_name: str | None = None) -> ResponseRouter:
+def make_router(prompt_text: str, *, tools: list[dict[str, Any]], tool_choice: Any, parser_factory: Any, forced: bool = False, forced_name: str | None = None) -> ResponseRouter:
     """The router for one generation: reasoning always (cheap when absent), tools when declared.
     ``forced``: a grammar forces a call; ``forced_name``: the function it must be, when only one
     can be."""

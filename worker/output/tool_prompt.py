@@ -23,7 +23,7 @@ _TOOLS_VAR = re.compile(r"\btools\b")
 
 def template_supports_tools(chat_template: str | None) -> bool:
     """Whether the chat template renders a ``tools`` argument itself."""
-    return bool(chat_template) and _TOOLS_VAR.search(chat_template) is not None
+    return chat_template is not None and _TOOLS_VAR.search(chat_template) is not None
 
 
 def _signature(tool: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ heartbeating, so the gateways drop it from their pool until the engine is back.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
@@ -54,7 +55,7 @@ class UpstreamScheduler:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="kiln-upstream", daemon=True)
         self._lock = threading.Lock()
-        self._tasks: dict[int, asyncio.Future] = {}
+        self._tasks: dict[int, concurrent.futures.Future[None]] = {}
         self._abandoned: set[int] = set()  # cancelled because the engine went down, not by the gateway
         self._active = 0
         self._next = 0
@@ -183,7 +184,9 @@ class UpstreamScheduler:
 
     async def _generate(self, request: EngineRequest) -> None:
         assert self._client is not None
-        constraint = next((c for c in request.logits_processors if isinstance(c, EngineConstraint)), None)
+        # Upstream's constraint_factory puts its EngineConstraint (not a callable) among them.
+        processors: list[object] = list(request.logits_processors)
+        constraint = next((c for c in processors if isinstance(c, EngineConstraint)), None)
         prefix = self.encode(constraint.prefix) if constraint is not None and constraint.prefix else []
         suffix = self.encode(constraint.suffix) if constraint is not None and constraint.suffix else []
         params = request.params
