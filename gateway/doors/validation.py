@@ -130,7 +130,7 @@ def _int_in(body: dict[str, Any], key: str, low: int, high: int | None = None) -
 
 def check_metadata(metadata: Any) -> dict[str, Any] | None:
     """OpenAI's metadata: up to 16 string values, keys up to 64 and values up to 512 characters."""
-    checked: dict[str, Any] | None = _expect({"metadata": metadata}, "metadata", (dict[str, Any],), "an object")
+    checked: dict[str, Any] | None = _expect({"metadata": metadata}, "metadata", (dict,), "an object")
     if checked is not None:
         if len(checked) > 16:
             raise invalid("Invalid 'metadata': at most 16 keys are allowed.", param="metadata")
