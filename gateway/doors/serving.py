@@ -1,11 +1,13 @@
 """What every HTTP door shares, so that a door (Responses, Chat Completions, Anthropic Messages)
-is only its translation: reading the body, noticing a client that hung up, starting a run, and
-answering it as a stream or as one body.
+is only its parser and its framer (``framing.py``): reading the body, noticing a client that hung
+up, starting a run, and answering it as a stream or as one body.
 
 The order is the same for every door: read the body (bounded), admit it (``gateway/lifecycle/admission.py``),
 then ``start_run`` (validate, prepare, run the compaction phase and open a worker while the client
-is still there), then ``stream_run`` or ``drain_run``. Every exit path closes the admission ticket
-or finishes the run, so nothing is left reserved, held or running.
+is still there), then ``serve`` (stream or drain it through the door's framer, finish it).
+``serve_translated`` is that whole path for a door that parses its body into a Responses create
+body. Every exit path closes the admission ticket or finishes the run, so nothing is left
+reserved, held or running.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..http.body import read_json
 from ..http.errors import invalid
-from ..lifecycle.admission import Ticket
-from ..lifecycle.generation import GenerationFailed, terminal_event
+from ..lifecycle.admission import Ticket, admit
+from ..lifecycle.generation import GenerationFailed
 from ..lifecycle.run import ResponseRun
 from ..lifecycle.service import ResponsesService
 from ..pool.workers import SESSION_HEADERS
+from .framing import Framer, drain, frames
 from .options import DoorOptions
 from .validation import validate_create
 
@@ -143,48 +146,54 @@ async def start_run(ticket: Ticket, watch: DisconnectWatch, make_run: Callable[[
         raise
 
 
-async def response_stream(run: ResponseRun, opening: dict[str, Any], *, quiet: bool = False, finishing: Callable[[], None] | None = None,
-    finished: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
-    """A started run as the Responses stream, for the SSE and WebSocket doors alike (each numbers
-    and frames the events its way): ``response.created`` and ``response.in_progress`` carrying
-    ``opening``, the run's events, then the terminal event once the run is finished (billed and
-    stored before the client can see it end). A failure mid-stream ends it ``response.failed``.
+async def serve_translated(request: Request, body: dict[str, Any], *, stream: bool, framer: Callable[[ResponseRun], Framer[bytes]], status_first: bool = False,
+    **decided: Any) -> Response:
+    """A door that parsed its request into the Responses create ``body``: admit it, validate and
+    prepare it like ``/v1/responses`` with what the door ``decided`` (``DoorOptions``), start it,
+    and serve it through ``framer(run)``."""
+    responses = service(request)
+    ticket = await admit(request, body)
+    watch = DisconnectWatch(request)
 
-    ``quiet``: the run's own events are not passed on (a warm-up turn). ``finishing`` runs before
-    the run is finished, ``finished`` after, both before the terminal event. The caller's
-    ``finally`` finishes the run as cut (``run.finish(client_gone=True)``) if the client left."""
-    yield {"type": "response.created", "response": opening}
-    yield {"type": "response.in_progress", "response": opening}
-    try:
-        async for event in run.events():
-            if not quiet:
-                yield event
-    except GenerationFailed:
-        pass
-    if finishing is not None:
-        finishing()
-    await run.finish()  # before the terminal event leaves
-    if finished is not None:
-        finished()
-    yield terminal_event(run.response)
+    async def make_run() -> ResponseRun:
+        generation, own_input = await responses.prepare(validated(request, body), owner(request), options=options(request, **decided))
+        return ResponseRun(responses, generation, own_input, ticket, streaming=stream)
+
+    run = await start_run(ticket, watch, make_run)
+    if isinstance(run, Response):
+        return run
+    return await serve(run, watch, framer(run), status_first=status_first)
 
 
-async def stream_run(run: ResponseRun, watch: DisconnectWatch, body: AsyncIterator[bytes]) -> Response:
-    """The streaming answer; ``body``'s ``finally`` must finish the run as cut (see
-    doors/responses/routes.py ``_stream``). From here on the streaming response watches the client."""
-    if await watch.stop():
+async def serve(run: ResponseRun, watch: DisconnectWatch, framer: Framer[bytes], *, status_first: bool = False) -> Response:
+    """A started run's answer: an SSE stream of ``framer``'s frames, or its one body once the run
+    is finished (so a client that gets the body is billed); 499 when the client left first.
+
+    ``status_first``: the first event is awaited before the stream opens, so that a request the
+    worker refuses (the prompt does not fit the context window) gets its HTTP status rather than
+    a 200 with an error event (as Anthropic answers)."""
+    if not run.streaming:
+        cut = await _drained(run, watch, framer)
+        return cut if cut is not None else JSONResponse(framer.answer(run, await run.finish()))
+    events = run.events()
+    if status_first:
+        first = await _first_event(run, watch, events)
+        if isinstance(first, Response):
+            return first
+        events = _chained(first, events)
+    if await watch.stop():  # from here on the streaming response watches the client
         await run.finish(client_gone=True)
         return Response(status_code=499)
+    body: AsyncIterator[bytes] = frames(run, framer, events)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def drain_run(run: ResponseRun, watch: DisconnectWatch, drain: Awaitable[None]) -> Response | None:
-    """Run a non-streaming answer to its end and finish it before its body is sent, so a client
-    that gets the body is billed. Returns a 499 Response when the client left first, None when
-    the door may answer (``await run.finish()`` then gives the cost); raises the ApiError of a
-    failed run."""
+async def _drained(run: ResponseRun, watch: DisconnectWatch, framer: Framer[bytes]) -> Response | None:
+    """Run a non-streaming answer to its end and finish it. Returns a 499 Response when the client
+    left first, None when the door may answer (``await run.finish()`` then gives the cost); raises
+    the ApiError of a failed run."""
     try:
-        await while_connected(watch, drain)
+        await while_connected(watch, drain(run, framer))
     except GenerationFailed as failure:
         await run.finish()
         raise failure.api_error() from None
@@ -197,3 +206,44 @@ async def drain_run(run: ResponseRun, watch: DisconnectWatch, drain: Awaitable[N
     if run.refusal is not None:
         raise run.refusal  # generated, but the store could not keep it: nothing was acknowledged
     return None
+
+
+async def _first_event(run: ResponseRun, watch: DisconnectWatch, events: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None | Response:
+    """The run's first event (None: there is none) while the client is there; a failure finishes
+    the run and raises its ApiError, a client that left gets 499."""
+    try:
+        return await while_connected(watch, anext(events, None))
+    except BaseException as exc:
+        await watch.stop()
+        await run.finish(client_gone=not isinstance(exc, GenerationFailed))
+        if isinstance(exc, GenerationFailed):
+            raise exc.api_error() from exc
+        if isinstance(exc, ClientDisconnected):
+            return Response(status_code=499)
+        raise
+
+
+async def _chained(first: dict[str, Any] | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    if first is not None:
+        yield first
+        async for event in events:
+            yield event
+
+
+async def count_tokens(request: Request, body: dict[str, Any], answer: Callable[[int], dict[str, Any]]) -> Response:
+    """The length in tokens of the prompt a create with ``body`` (a Responses create body) would
+    render, as the door's ``answer``; admitted for the key's scope, credits and concurrency, not
+    billed; 499 when the client left first."""
+    ticket = await admit(request, body, reserve=False)
+    try:
+        checked = validated(request, body)
+        watch = DisconnectWatch(request)
+        try:
+            count = await while_connected(watch, service(request).count_input_tokens(checked, owner(request), options(request)))
+        finally:
+            await watch.stop()
+        return JSONResponse(answer(count))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await ticket.close()

@@ -4,17 +4,24 @@
 the assistant text (cut at a stop sequence), ``reasoning_content`` from reasoning deltas, tool
 calls numbered by ``index`` in the order they opened, and the logprobs of the text. The streaming
 route sends its deltas as chunks; the non-streaming route builds the whole message from the same
-state, so both agree by construction.
+state, so both agree by construction. It is the door's ``Framer`` (``../framing.py``): ``data:``
+chunks, the closing chunk with ``finish_reason``, the usage chunk when asked for (the usage billed)
+and ``[DONE]``; a failure mid-stream is sent as an error payload (the OpenAI SDKs raise it).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from ...lifecycle.generation import GenerationFailed
+from ...lifecycle.run import ResponseRun
 from ..stop import StopCutter
+
+DONE = b"data: [DONE]\n\n"
 
 
 def completion_id(response_id: str) -> str:
@@ -167,3 +174,24 @@ class ChatTranslator:
         logprobs = {"content": self.logprobs, "refusal": None} if self.want_logprobs else None
         choice = {"index": 0, "message": self.message(), "logprobs": logprobs, "finish_reason": self.finish_reason(status)}
         return {**self._head("chat.completion"), "choices": [choice], "usage": chat_usage(usage, cost)}
+
+    # -- the Framer --------------------------------------------------------------------------------
+    def frame(self, payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    def opening_frames(self, run: ResponseRun) -> list[bytes]:
+        first = self.opening()
+        return [] if first is None else [self.frame(first)]
+
+    def closing_frames(self, run: ResponseRun) -> list[bytes]:
+        chunks = [*self.flush(), self.closing(run.response.status)]
+        if self.include_usage:
+            chunks.append(self.usage_chunk(run.billable_usage(client_gone=False).to_map()))
+        return [*map(self.frame, chunks), DONE]
+
+    def error_frames(self, run: ResponseRun, failure: GenerationFailed) -> list[bytes]:
+        return [self.frame(failure.api_error().body()), DONE]
+
+    def answer(self, run: ResponseRun, cost: Decimal | None) -> dict[str, Any]:
+        self.flush()
+        return self.completion(run.response.status, run.billable_usage(client_gone=False).to_map(), cost)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from decimal import Decimal
 from typing import Any
 
 from starlette.requests import Request
@@ -15,17 +14,11 @@ from ...http.sse import EventSequencer, frame_numbered
 from ...lifecycle.admission import admit
 from ...lifecycle.run import ResponseRun
 from ...store.events import TooOld
-from ..serving import SSE_HEADERS, ClientDisconnected, DisconnectWatch, drain_run, options, read_body, response_stream, start_run, stream_run, validated, while_connected
+from ..framing import ResponseFramer, with_cost
+from ..serving import SSE_HEADERS, ClientDisconnected, DisconnectWatch, count_tokens, options, read_body, serve, start_run, validated, while_connected
 from ..serving import owner as _owner
 from ..serving import service as _service
 from ..validation import parse_bool, validate_create
-
-
-def _with_cost(payload: dict[str, Any], cost: Decimal | None) -> dict[str, Any]:
-    """A non-streaming body with the hosted contract's ``usage.cost`` (USD) when one was debited."""
-    if cost is None or not isinstance(payload.get("usage"), dict):
-        return payload
-    return {**payload, "usage": {**payload["usage"], "cost": float(cost)}}
 
 
 async def create_response(request: Request) -> Response:
@@ -46,28 +39,8 @@ async def create_response(request: Request) -> Response:
     run = await start_run(ticket, watch, make_run)
     if isinstance(run, Response):
         return run
-    if run.streaming:
-        return await stream_run(run, watch, _stream(run, opening))
-    cut = await drain_run(run, watch, _drain(run))
-    if cut is not None:
-        return cut
-    return JSONResponse(_with_cost(run.response.snapshot(), await run.finish()))
-
-
-async def _drain(run: ResponseRun) -> None:
-    async for _ in run.events():
-        pass
-
-
-async def _stream(run: ResponseRun, opening: dict[str, Any]) -> AsyncIterator[bytes]:
-    """The SSE body. If the client goes away Starlette cancels this generator; its ``finally``
-    then finishes the run as cut (the worker is told to stop, the delivered part is billed)."""
-    seq = EventSequencer(on_event=run.service.stream_recorder(run.generation))  # streamed retrieval
-    try:
-        async for event in response_stream(run, opening):
-            yield seq.frame(event)
-    finally:
-        await run.finish(client_gone=True)  # a no-op when the run finished above
+    generation = run.generation  # a stored stream records its events for streamed retrieval
+    return await serve(run, watch, ResponseFramer(opening, lambda: EventSequencer(on_event=service.stream_recorder(generation)).frame))
 
 
 async def get_response(request: Request) -> Response:
@@ -133,7 +106,7 @@ async def compact_response(request: Request) -> Response:
         finally:
             await watch.stop()
         cost = await ticket.settle("completed", resource.get("usage"))
-        return JSONResponse(_with_cost(resource, cost))
+        return JSONResponse(with_cost(resource, cost))
     except ClientDisconnected:
         return Response(status_code=499)
     finally:
@@ -141,18 +114,4 @@ async def compact_response(request: Request) -> Response:
 
 
 async def input_tokens(request: Request) -> Response:
-    service = _service(request)
-    raw = await read_body(request)
-    ticket = await admit(request, raw, reserve=False)  # key scope, credits, concurrency; not billed
-    try:
-        body = validated(request, raw)
-        watch = DisconnectWatch(request)
-        try:
-            count = await while_connected(watch, service.count_input_tokens(body, _owner(request), options(request)))
-        finally:
-            await watch.stop()
-        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        await ticket.close()
+    return await count_tokens(request, await read_body(request), lambda count: {"object": "response.input_tokens", "input_tokens": count})

@@ -36,8 +36,8 @@ from ...lifecycle.admission import admit
 from ...lifecycle.generation import GenerationFailed, terminal_event
 from ...lifecycle.response_object import ResponseObject
 from ...lifecycle.run import ResponseRun
+from ..framing import ResponseFramer, frames
 from ..options import DoorOptions
-from ..serving import response_stream
 from ..serving import session as door_session
 from ..serving import validated as _validated
 from .connection_state import ConnectionState
@@ -342,7 +342,6 @@ class Session:
         if warm_up:
             await self._warm_up(run, opening, previous)
             return
-        seq = EventSequencer()
         response = run.response
 
         def keep_or_forget() -> None:  # the connection's state, before the client sees the end
@@ -352,8 +351,8 @@ class Session:
                 self.state.forget(previous)
 
         try:
-            async for event in response_stream(run, opening, finished=keep_or_forget):
-                await self._send(seq.stamp(event))
+            async for event in frames(run, ResponseFramer(opening, lambda: EventSequencer().stamp, finished=keep_or_forget)):
+                await self._send(event)
             log.info("websocket turn", extra={"connection": self.id, "response_id": response.id, "status": response.status, "warm_up": False, "previous_response_id": previous})
         finally:
             await run.finish(client_gone=True)  # a no-op when the run finished above
