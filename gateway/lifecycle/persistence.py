@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..store.conversations import ConversationFull
 from ..store.lru import OWNER_SHARE
-from ..store.protocols import ConversationFull, Job, StoreUnavailable
+from ..store.protocols import Job, StoreUnavailable
 from ..store.responses import StoredResponse
 from ..store.stores import Stores
 from .history import conversation_id, conversation_key

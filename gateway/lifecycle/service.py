@@ -22,7 +22,8 @@ from ..pool.worker_request import check_sampling
 from ..pool.workers import WorkerPool
 from ..settings import Settings
 from ..store.backend import build_stores
-from ..store.protocols import ConversationFull, StoreUnavailable
+from ..store.conversations import ConversationFull
+from ..store.protocols import StoreUnavailable
 from . import compaction
 from .generation import Generation, count_tokens, terminal_event
 from .history import TERMINAL, check_call_outputs, expand

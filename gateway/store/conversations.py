@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..http.errors import ApiError
 from .lru import OWNER_SHARE, BoundedLRU, approx_bytes
-from .protocols import ConversationFull
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs", "compaction": "cmp"}
 
@@ -79,6 +79,19 @@ def key_owner(key: str) -> str | None:
     bare id locally, where one tenant owns everything)."""
     owner, sep, _ = key.partition(":")
     return owner if sep else None
+
+
+class ConversationFull(ApiError):
+    """These items would make the conversation larger than one conversation may be (the
+    organization's share of the conversation store, or the store's whole byte budget).
+
+    Refused before anything is written: kept, the conversation would have been the entry its own
+    organization's share evicts, and the client's 200 would have been followed by a 404."""
+
+    def __init__(self, size: int, limit: int, *, owned: bool, param: str = "items") -> None:
+        whose = "this organization's share of the conversation store" if owned else "the conversation store's byte budget"
+        super().__init__(400, f"The conversation would be {size} bytes with these items, larger than {whose} ({limit} bytes).", param=param)
+        self.size, self.limit, self.owned = size, limit, owned
 
 
 def conversation_limit(key: str, max_bytes: int) -> tuple[int, bool]:

@@ -36,7 +36,6 @@ __all__ = [
     "ReasoningEcho",
     "ResponseStore",
     "StoreUnavailable",
-    "ConversationFull",
 ]
 
 
@@ -48,19 +47,6 @@ class StoreUnavailable(ApiError):
 
     def __init__(self, what: str = "response store") -> None:
         super().__init__(503, f"The {what} is unavailable. Retry with exponential backoff.", headers={"Retry-After": "2"})
-
-
-class ConversationFull(ApiError):
-    """These items would make the conversation larger than one conversation may be (the
-    organization's share of the conversation store, or the store's whole byte budget).
-
-    Refused before anything is written: kept, the conversation would have been the entry its own
-    organization's share evicts, and the client's 200 would have been followed by a 404."""
-
-    def __init__(self, size: int, limit: int, *, owned: bool, param: str = "items") -> None:
-        whose = "this organization's share of the conversation store" if owned else "the conversation store's byte budget"
-        super().__init__(400, f"The conversation would be {size} bytes with these items, larger than {whose} ({limit} bytes).", param=param)
-        self.size, self.limit, self.owned = size, limit, owned
 
 
 class ResponseStore(Protocol):

@@ -8,8 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..conversations import Conversation, as_input_item, as_resource_item, conversation_limit
-from ..protocols import ConversationFull
+from ..conversations import Conversation, ConversationFull, as_input_item, as_resource_item, conversation_limit
 from . import scripts
 from .codec import dumps, loads
 from .connection import RedisContext, guarded
