@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from decimal import Decimal, InvalidOperation
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -36,12 +36,12 @@ database_url_option = click.option(
 )
 
 
-class UsdAmount(click.ParamType):
+class UsdAmount(click.ParamType):  # type: ignore[type-arg]  # generic in click's stubs only since 8.2
     """A USD amount read as an exact Decimal (never a float)."""
 
     name = "usd"
 
-    def convert(self, value, param, ctx) -> Decimal:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Decimal:
         if isinstance(value, Decimal):
             return value
         try:

@@ -63,7 +63,7 @@ def serve(**options: Any) -> None:
         secret = load_secret(options["worker_secret"], options["worker_secret_file"]) or generate_secret()
     except SecretError as exc:
         raise click.BadParameter(str(exc), param_hint="--worker-secret") from exc
-    secrets = {"worker_secret": secret, "worker_secret_file": None}
+    secrets: dict[str, Any] = {"worker_secret": secret, "worker_secret_file": None}
     sealing: dict[str, str] = {}
     if not options["secret_key"]:
         # Reasoning sealed by this server stays readable after a restart (kiln/state.py).
@@ -77,6 +77,7 @@ def serve(**options: Any) -> None:
     try:
         bind = own.workers_bind or f"ipc://{runtime}/workers.sock"
         names = None
+        config: str | None
         if served is None:
             # The gateway knows the model from the start (503 "model_loading" until its worker
             # is up, never 404): the command line's model, as a config file of one model.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
@@ -47,7 +48,7 @@ def default_codex_home() -> Path:
     return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
 
 
-def fetch_models(base_url: str, api_key: str | None = None, timeout: float = 10) -> list[dict]:
+def fetch_models(base_url: str, api_key: str | None = None, timeout: float = 10) -> list[dict[str, Any]]:
     """The models the gateway's workers serve, as ``GET {base}/models`` lists them."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     r = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout)
@@ -61,7 +62,7 @@ def auto_compact_limit(window: int) -> int:
     return max(window - reserve, window // 2)
 
 
-def model_info(model: dict, *, shell_type: str | None = None, auto_compact: int | None = None, priority: int = 0) -> dict:
+def model_info(model: dict[str, Any], *, shell_type: str | None = None, auto_compact: int | None = None, priority: int = 0) -> dict[str, Any]:
     """One Codex ``ModelInfo`` for a model of ``GET /models``."""
     slug = model["id"]
     window = int(model.get("context_window") or 8192)
@@ -107,7 +108,7 @@ def model_info(model: dict, *, shell_type: str | None = None, auto_compact: int 
     }
 
 
-def catalog(models: list[dict], **kwargs) -> dict:
+def catalog(models: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
     return {"models": [model_info(m, **kwargs) for m in models]}
 
 
@@ -197,7 +198,10 @@ def provider_block(
 @click.option("--shell-type", type=click.Choice(["shell_command", "unified_exec", "local", "default", "disabled"]), default=None,
     help="Codex's shell tool. Default: shell_command for windows up to 32k, else unified_exec.")
 @click.option("--websockets/--no-websockets", default=True, show_default=True, help="Write supports_websockets for the provider: Codex then runs each session over one WebSocket.")
-def codex_config(model_id, base_url, catalog_out, hosted_tools, provider_name, provider_id, env_key, auto_compact_limit, shell_type, websockets) -> None:
+def codex_config(
+    model_id: str | None, base_url: str, catalog_out: Path | None, hosted_tools: str, provider_name: str, provider_id: str, env_key: str, auto_compact_limit: int | None,
+    shell_type: str | None, websockets: bool,
+) -> None:
     """Print a Codex CLI provider block for this Kiln and write its model catalog.
 
     Paste the printed lines into ~/.codex/config.toml (or $CODEX_HOME/config.toml), export the

@@ -7,11 +7,12 @@ The cache is huggingface_hub's own (HF_HOME / HF_HUB_CACHE), shared with other t
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 import click
 
 
-def _human(size: int) -> str:
+def _human(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1024 or unit == "GB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
@@ -19,7 +20,7 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
-def _scan():
+def _scan() -> Any:  # huggingface_hub's HFCacheInfo, or None without a cache
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 

@@ -39,6 +39,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kiln.protocol.control import ControlMessage, ModelExited, ModelStopped, StartModel, StopModel
 
@@ -83,7 +84,7 @@ class Child:
     name: str
     argv: list[str]
     env: dict[str, str] | None = None  # None: this process's environment
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
     next_start: float = 0.0
@@ -171,9 +172,9 @@ class Supervisor:
     _stopping: bool = False
     _ready: bool = False  # every worker has registered once
     _gateway_up: bool = False  # the gateway has answered /health once
-    _seen: set = field(default_factory=set)  # worker ids seen registered during the start
+    _seen: set[str] = field(default_factory=set)  # worker ids seen registered during the start
     _next_probe: float = 0.0
-    _gateway_restarts: deque = field(default_factory=deque)
+    _gateway_restarts: deque[float] = field(default_factory=deque)
 
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -248,7 +249,7 @@ class Supervisor:
     def _wait(self, seconds: float) -> None:
         """Sleep up to `seconds`, waking for the gateway's control messages and the workers'
         progress lines, and handling them."""
-        sources: list = [s for s in (self.control, self._progress) if s is not None]
+        sources: list[Any] = [s for s in (self.control, self._progress) if s is not None]
         if not sources:
             time.sleep(seconds)
             return
@@ -388,16 +389,16 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         on_demand = [w for g in self.on_demand.values() for w in g.workers]
-        children = [c for c in [*self.workers, *on_demand, self.gateway] if c.process is not None]
-        for child in children:
+        children = [(c, c.process) for c in [*self.workers, *on_demand, self.gateway] if c.process is not None]
+        for child, _ in children:
             child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        for child in children:
+        for child, process in children:
             try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
+                process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.signal_group(signal.SIGKILL)
-                child.process.wait()
+                process.wait()
 
 
 def health_url(host: str, port: int) -> str:
