@@ -107,7 +107,9 @@ def test_a_forced_call_is_constrained_by_the_engine_and_parsed_as_the_mlx_path_p
 def test_json_schema_output_reaches_llama_server_as_its_json_schema(upstream):
     service, fake = upstream("llama-server")
     schema = {"type": "object", "properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"]}
-    service.generate(Generate("r", "resp_r", ask(text_format=TextFormat("json_schema", name="x", schema=schema))), Inbox())
+    first = Inbox()
+    service.generate(Generate("r", "resp_r", ask(text_format=TextFormat("json_schema", name="x", schema=schema))), first)
+    first.final("r")  # one at a time: the engine's bodies are then in the requests' order
     inbox = Inbox()
     service.generate(Generate("s", "resp_s", ask()), inbox)
     inbox.final("s")
