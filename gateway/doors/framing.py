@@ -119,7 +119,7 @@ class ResponseFramer(Generic[F]):
         return [self.frame({"type": kind, "response": self.snapshot}) for kind in ("response.created", "response.in_progress")]
 
     def feed(self, event: RunEvent) -> list[dict[str, Any]]:
-        return [{**event}]  # the event itself, as the plain map it is
+        return [{**event}]  # the event as a plain map (numbering copies it again; bytes unchanged)
 
     def closing_frames(self, run: ResponseRun) -> list[F]:
         if self.finished is not None:
