@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .events import WorkerEvent
 from .request import GenerateRequest
 from .usage import Usage
 
@@ -136,7 +137,8 @@ class Event:
 
     The worker owns everything that needs tokens, so it emits the output-item events
     (``response.output_item.added``, ``response.output_text.delta``, ...) with item ids it
-    chose. The gateway adds the envelope events, sequence numbers and the Response object.
+    chose (their shapes: ``WorkerEvent``, protocol/events.py). The gateway adds the envelope
+    events, sequence numbers and the Response object.
     One message carries what one token produced (often several events: an item opening and
     its first delta), so the per-message cost is paid once per token, not once per event.
 
@@ -146,7 +148,7 @@ class Event:
     """
 
     req_id: str
-    events: list[dict[str, Any]]
+    events: list[WorkerEvent]
     usage: Usage | None = None
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.protocol import Compact, Compacted, CountTokens, Done, Event, Failed, Generate, TokenCount
+from kiln.protocol.events import WorkerEvent
 from kiln.protocol.request import FunctionCall, FunctionCallOutput, GenerateRequest, InputItem, Message, Reasoning
 from kiln.protocol.usage import Usage
 
@@ -324,7 +325,7 @@ class _Run:
         self.request: EngineRequest | None = None
         tok = service.tokenizer
         self.decoder = tok.stream_decoder()
-        self._pending: list[dict[str, Any]] = []  # this token's events, sent together
+        self._pending: list[WorkerEvent] = []  # this token's events, sent together
         self.assembler = OutputAssembler(
             self._pending.append,
             router=router,

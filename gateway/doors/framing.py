@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..lifecycle.generation import GenerationFailed, complete_usage, terminal_event
+from ..lifecycle.generation import GenerationFailed, RunEvent, complete_usage, terminal_event
 from ..lifecycle.run import ResponseRun
 
 F = TypeVar("F")
@@ -35,7 +35,7 @@ class Framer(Protocol[F]):
     def opening_frames(self, run: ResponseRun) -> list[F]:
         """The frames before the first event."""
 
-    def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, event: RunEvent) -> list[dict[str, Any]]:
         """The door's payloads for one run event; called for every event, streamed or not, so the
         door keeps its view of the answer for ``closing_frames`` and ``answer``."""
 
@@ -52,7 +52,7 @@ class Framer(Protocol[F]):
         """The non-streaming body of the finished run; ``cost``: the USD debited (hosted mode)."""
 
 
-async def _fed(run: ResponseRun, framer: Framer[Any], events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
+async def _fed(run: ResponseRun, framer: Framer[Any], events: AsyncIterator[RunEvent]) -> AsyncIterator[list[dict[str, Any]]]:
     """The framer's payloads, event by event, with the stop-sequence rule of the module docstring."""
     async for event in events:
         yield framer.feed(event)
@@ -62,7 +62,7 @@ async def _fed(run: ResponseRun, framer: Framer[Any], events: AsyncIterator[dict
         run.response.finish("completed", complete_usage(run.generation.delivered_usage))
 
 
-async def frames(run: ResponseRun, framer: Framer[F], events: AsyncIterator[dict[str, Any]] | None = None) -> AsyncIterator[F]:
+async def frames(run: ResponseRun, framer: Framer[F], events: AsyncIterator[RunEvent] | None = None) -> AsyncIterator[F]:
     """A started run as ``framer``'s frames; ``events``: the run's (``run.events()``), when the
     door has read some of them already. If the client goes away the door's transport cancels or
     drops this generator; its ``finally`` then finishes the run as cut (the worker is told to stop,
@@ -118,8 +118,8 @@ class ResponseFramer(Generic[F]):
         self.frame = self.numbering()
         return [self.frame({"type": kind, "response": self.snapshot}) for kind in ("response.created", "response.in_progress")]
 
-    def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        return [event]
+    def feed(self, event: RunEvent) -> list[dict[str, Any]]:
+        return [{**event}]  # the event as a plain map (numbering copies it again; bytes unchanged)
 
     def closing_frames(self, run: ResponseRun) -> list[F]:
         if self.finished is not None:

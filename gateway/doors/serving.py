@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..http.body import read_json
 from ..http.errors import invalid
 from ..lifecycle.admission import Ticket, admit
-from ..lifecycle.generation import GenerationFailed
+from ..lifecycle.generation import GenerationFailed, RunEvent
 from ..lifecycle.run import ResponseRun
 from ..lifecycle.service import ResponsesService
 from ..pool.workers import SESSION_HEADERS
@@ -208,7 +208,7 @@ async def _drained(run: ResponseRun, watch: DisconnectWatch, framer: Framer[byte
     return None
 
 
-async def _first_event(run: ResponseRun, watch: DisconnectWatch, events: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None | Response:
+async def _first_event(run: ResponseRun, watch: DisconnectWatch, events: AsyncIterator[RunEvent]) -> RunEvent | None | Response:
     """The run's first event (None: there is none) while the client is there; a failure finishes
     the run and raises its ApiError, a client that left gets 499."""
     try:
@@ -223,7 +223,7 @@ async def _first_event(run: ResponseRun, watch: DisconnectWatch, events: AsyncIt
         raise
 
 
-async def _chained(first: dict[str, Any] | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+async def _chained(first: RunEvent | None, events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
     if first is not None:
         yield first
         async for event in events:

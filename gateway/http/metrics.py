@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kiln.protocol.events import WorkerEvent
 from kiln.protocol.usage import Usage
 
 from .errors import ApiError
@@ -93,7 +94,7 @@ class GenerationTimer:
         self.started = time.monotonic()
         self.last: float | None = None
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: WorkerEvent) -> None:
         if self.metrics is None or not event.get("type", "").endswith(".delta"):
             return
         now = time.monotonic()

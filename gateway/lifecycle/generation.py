@@ -7,9 +7,10 @@ import dataclasses
 import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from kiln.protocol import Done, Event, Failed, Generate
+from kiln.protocol.events import OUTPUT_ITEM_ADDED, OUTPUT_ITEM_DONE, OutputItemDone, WorkerEvent, is_item_done
 from kiln.protocol.request import GenerateRequest
 from kiln.protocol.usage import Usage
 
@@ -21,6 +22,25 @@ from .response_object import ResponseObject
 
 # The code of a worker's refusal when its batch and queue are full (or its preparation queue).
 OVERLOADED = "server_is_overloaded"
+
+
+class CompactionStarted(TypedDict):
+    """The gateway's own event before a compaction it runs for ``context_management``."""
+
+    type: Literal["mlx.compaction.started"]
+    response_id: str
+    input_tokens: int
+
+
+class CompactionCompleted(TypedDict):
+    type: Literal["mlx.compaction.completed"]
+    response_id: str
+    input_tokens_before: int
+    input_tokens_after: int
+
+
+# What a generation yields: the worker's events, after the gateway's compaction events and items.
+RunEvent = WorkerEvent | CompactionStarted | CompactionCompleted
 
 
 def cache_scope(owner: Any) -> str | None:
@@ -95,7 +115,7 @@ class Generation:
         self.cancelled = False
         # Events the gateway produced before generation (compaction), and how many output
         # items they hold: the worker's output indices are shifted past them.
-        self.prefix_events: list[dict[str, Any]] = []
+        self.prefix_events: list[RunEvent] = []
         self.index_offset = 0
         # Feeds TTFT / inter-token histograms when metrics are on (set when the run starts).
         self.timer: Any = None
@@ -132,8 +152,8 @@ class Generation:
     def add_prefix_item(self, item: dict[str, Any]) -> None:
         """An output item the gateway made (a compaction), placed before the worker's items."""
         index = self.index_offset
-        self.prefix_events.append({"type": "response.output_item.added", "output_index": index, "item": item})
-        done = {"type": "response.output_item.done", "output_index": index, "item": item}
+        self.prefix_events.append({"type": OUTPUT_ITEM_ADDED, "output_index": index, "item": item})
+        done: OutputItemDone = {"type": OUTPUT_ITEM_DONE, "output_index": index, "item": item}
         self.prefix_events.append(done)
         self.response.apply(done)
         self.index_offset += 1
@@ -149,7 +169,7 @@ class Generation:
             self.pool.close(self.channel, cancel=True)
             self.channel.queue.put_nowait(None)
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncIterator[RunEvent]:
         for event in self.prefix_events:
             yield event
         if self.done_without_worker:
@@ -205,14 +225,18 @@ class Generation:
         await self._send_to(worker)
         return True
 
-    def _apply(self, event: dict[str, Any]) -> dict[str, Any]:
-        """One worker event, placed after any prefix items and folded into the response."""
+    def _apply(self, event: WorkerEvent) -> WorkerEvent:
+        """One worker event, placed after any prefix items and folded into the response (a copy
+        when it changes: the worker's map is left as it came)."""
         if self.timer is not None:
             self.timer.event(event)
         if self.index_offset and "output_index" in event:
-            event = {**event, "output_index": event["output_index"] + self.index_offset}
-        if self.item_hook is not None and event.get("type") == "response.output_item.done":
-            event = {**event, "item": self.item_hook(event["item"])}
+            event = event.copy()
+            event["output_index"] += self.index_offset
+        if self.item_hook is not None and is_item_done(event):
+            done = event.copy()
+            done["item"] = self.item_hook(event["item"])
+            event = done
         self.response.apply(event)
         return event
 

@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+from kiln.protocol.events import WorkerEvent, is_item_done
 from kiln.protocol.usage import Usage
 
 # Fields echoed from the request into every Response object, with their defaults.
@@ -103,8 +104,8 @@ class ResponseObject:
         snap["output"] = list(self.data["output"])
         return snap
 
-    def apply(self, event: dict[str, Any]) -> None:
-        if event.get("type") == "response.output_item.done":
+    def apply(self, event: WorkerEvent) -> None:
+        if is_item_done(event):
             self._items[event["output_index"]] = event["item"]
             self.data["output"] = [self._items[i] for i in sorted(self._items)]
 

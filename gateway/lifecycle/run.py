@@ -29,7 +29,7 @@ from kiln.protocol.usage import Usage
 
 from ..http.errors import ApiError
 from .admission import Ticket
-from .generation import Generation
+from .generation import Generation, RunEvent
 
 if TYPE_CHECKING:
     from .service import ResponsesService
@@ -78,7 +78,7 @@ class ResponseRun:
         await self.ticket.cover(generation.body, self.service.pool.context_window(generation.model) or 0)
         await self.service.start_foreground(self.generation)
 
-    def events(self) -> AsyncIterator[dict[str, Any]]:
+    def events(self) -> AsyncIterator[RunEvent]:
         """The response's events without sequence numbers (raises GenerationFailed at the end of a
         failed one, after the response was marked failed)."""
         return self.generation.events()

@@ -12,9 +12,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kiln.protocol.events import (
+    CONTENT_PART_ADDED,
+    CONTENT_PART_DONE,
+    FUNCTION_CALL_ARGUMENTS_DELTA,
+    FUNCTION_CALL_ARGUMENTS_DONE,
+    OUTPUT_ITEM_ADDED,
+    OUTPUT_ITEM_DONE,
+    OUTPUT_TEXT_DELTA,
+    OUTPUT_TEXT_DONE,
+    REASONING_TEXT_DELTA,
+    REASONING_TEXT_DONE,
+    Logprob,
+    OutputItem,
+    OutputTextPart,
+    WorkerEvent,
+)
+
 from .ids import new_id
 
-Emit = Callable[[dict[str, Any]], None]
+# Each event is a ``WorkerEvent`` (protocol/events.py): the shapes the gateway reads.
+Emit = Callable[[WorkerEvent], None]
 
 
 class TextRouter(Protocol):
@@ -53,7 +71,7 @@ class PlainRouter:
         return [], []
 
 
-def logprob_entry(token_text: str, logprob: float, top: list[tuple[str, float]] | None) -> dict[str, Any]:
+def logprob_entry(token_text: str, logprob: float, top: list[tuple[str, float]] | None) -> Logprob:
     return {
         "token": token_text,
         "logprob": float(logprob),
@@ -67,7 +85,7 @@ def logprob_entry(token_text: str, logprob: float, top: list[tuple[str, float]] 
 @dataclass
 class _Item:
     index: int
-    item: dict[str, Any]
+    item: OutputItem
     text: list[str] = field(default_factory=list)
 
 
@@ -91,13 +109,13 @@ class OutputAssembler:
         self._reasoning: _Item | None = None
         self._message: _Item | None = None
         self._calls: dict[int, _Item] = {}
-        self._pending_logprobs: list[dict[str, Any]] = []
-        self._logprobs: list[dict[str, Any]] = []
+        self._pending_logprobs: list[Logprob] = []
+        self._logprobs: list[Logprob] = []
         self.output_tokens = 0
         self.reasoning_tokens = 0
 
     # -- input -----------------------------------------------------------------------------------
-    def add_token(self, text: str, logprob: dict[str, Any] | None = None) -> None:
+    def add_token(self, text: str, logprob: Logprob | None = None) -> None:
         """One generated token and its decoded text (may be "" while a character is incomplete)."""
         self.output_tokens += 1
         if logprob is not None and self._want_logprobs:
@@ -146,13 +164,13 @@ class OutputAssembler:
         if not text:
             return
         if self._reasoning is None:
-            item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+            item: OutputItem = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
             self._reasoning = _Item(self._allocate(), item)
-            self._emit({"type": "response.output_item.added", "output_index": self._reasoning.index, "item": dict(item)})
+            self._emit({"type": OUTPUT_ITEM_ADDED, "output_index": self._reasoning.index, "item": dict(item)})
         self._reasoning.text.append(text)
         self._emit(
             {
-                "type": "response.reasoning_text.delta",
+                "type": REASONING_TEXT_DELTA,
                 "item_id": self._reasoning.item["id"],
                 "output_index": self._reasoning.index,
                 "content_index": 0,
@@ -165,19 +183,19 @@ class OutputAssembler:
         if r is None or r.item["status"] != "in_progress":
             return
         text = "".join(r.text)
-        self._emit({"type": "response.reasoning_text.done", "item_id": r.item["id"], "output_index": r.index, "content_index": 0, "text": text})
+        self._emit({"type": REASONING_TEXT_DONE, "item_id": r.item["id"], "output_index": r.index, "content_index": 0, "text": text})
         r.item = {**r.item, "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
-        self._emit({"type": "response.output_item.done", "output_index": r.index, "item": r.item})
+        self._emit({"type": OUTPUT_ITEM_DONE, "output_index": r.index, "item": r.item})
 
     # -- message ---------------------------------------------------------------------------------
     def _open_message(self) -> None:
-        item = {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        item: OutputItem = {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
         self._message = _Item(self._allocate(), item)
-        self._emit({"type": "response.output_item.added", "output_index": self._message.index, "item": dict(item, content=[])})
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self._emit({"type": OUTPUT_ITEM_ADDED, "output_index": self._message.index, "item": dict(item, content=[])})
+        part: OutputTextPart = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self._emit(
             {
-                "type": "response.content_part.added",
+                "type": CONTENT_PART_ADDED,
                 "item_id": item["id"],
                 "output_index": self._message.index,
                 "content_index": 0,
@@ -198,7 +216,7 @@ class OutputAssembler:
         self._logprobs.extend(logprobs)
         self._emit(
             {
-                "type": "response.output_text.delta",
+                "type": OUTPUT_TEXT_DELTA,
                 "item_id": self._message.item["id"],
                 "output_index": self._message.index,
                 "content_index": 0,
@@ -215,14 +233,14 @@ class OutputAssembler:
         self._logprobs.extend(self._pending_logprobs)
         self._pending_logprobs = []
         item_id = m.item["id"]
-        self._emit({"type": "response.output_text.done", "item_id": item_id, "output_index": m.index, "content_index": 0, "text": text, "logprobs": self._logprobs})
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": self._logprobs}
-        self._emit({"type": "response.content_part.done", "item_id": item_id, "output_index": m.index, "content_index": 0, "part": part})
+        self._emit({"type": OUTPUT_TEXT_DONE, "item_id": item_id, "output_index": m.index, "content_index": 0, "text": text, "logprobs": self._logprobs})
+        part: OutputTextPart = {"type": "output_text", "text": text, "annotations": [], "logprobs": self._logprobs}
+        self._emit({"type": CONTENT_PART_DONE, "item_id": item_id, "output_index": m.index, "content_index": 0, "part": part})
         m.item = {**m.item, "content": [part], "status": "incomplete" if incomplete else "completed"}
-        self._emit({"type": "response.output_item.done", "output_index": m.index, "item": m.item})
+        self._emit({"type": OUTPUT_ITEM_DONE, "output_index": m.index, "item": m.item})
 
     # -- function calls --------------------------------------------------------------------------
-    def _call_item(self, name: str) -> dict[str, Any]:
+    def _call_item(self, name: str) -> OutputItem:
         item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": new_id("call"), "name": name, "arguments": ""}
         if name in self._namespaces:
             item["namespace"] = self._namespaces[name]
@@ -235,14 +253,14 @@ class OutputAssembler:
             self._close_reasoning()
         call = _Item(self._allocate(), self._call_item(name))
         self._calls[index] = call
-        self._emit({"type": "response.output_item.added", "output_index": call.index, "item": dict(call.item)})
+        self._emit({"type": OUTPUT_ITEM_ADDED, "output_index": call.index, "item": dict(call.item)})
 
     def _call_delta(self, index: int, delta: str) -> None:
         call = self._calls.get(index)
         if call is None or not delta:
             return
         call.text.append(delta)
-        self._emit({"type": "response.function_call_arguments.delta", "item_id": call.item["id"], "output_index": call.index, "delta": delta})
+        self._emit({"type": FUNCTION_CALL_ARGUMENTS_DELTA, "item_id": call.item["id"], "output_index": call.index, "delta": delta})
 
     def _close_calls(self, calls: list[Call]) -> None:
         if self._max_calls is not None:
@@ -257,14 +275,14 @@ class OutputAssembler:
             if final.arguments.startswith(sent) and len(final.arguments) > len(sent):
                 self._call_delta(index, final.arguments[len(sent):])
             arguments = final.arguments
-            self._emit({"type": "response.function_call_arguments.done", "item_id": call.item["id"], "output_index": call.index, "name": final.name, "arguments": arguments})
+            self._emit({"type": FUNCTION_CALL_ARGUMENTS_DONE, "item_id": call.item["id"], "output_index": call.index, "name": final.name, "arguments": arguments})
             # A call whose arguments are whole is completed even when the response was cut after
             # it; only a call the output ended inside is incomplete.
             call.item = {**call.item, "name": final.name, "arguments": arguments, "status": "completed" if final.complete else "incomplete"}
-            self._emit({"type": "response.output_item.done", "output_index": call.index, "item": call.item})
+            self._emit({"type": OUTPUT_ITEM_DONE, "output_index": call.index, "item": call.item})
         for index in sorted(self._calls):
             if index >= len(calls):  # started streaming but the final parse dropped it
                 call = self._calls[index]
                 call.item = {**call.item, "arguments": "".join(call.text), "status": "incomplete"}
-                self._emit({"type": "response.output_item.done", "output_index": call.index, "item": call.item})
+                self._emit({"type": OUTPUT_ITEM_DONE, "output_index": call.index, "item": call.item})
 

@@ -22,7 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.protocol.events import is_arguments_delta, is_item_added, is_item_done, is_reasoning_delta, is_text_delta
+
 from ...http.errors import invalid
+from ...lifecycle.generation import RunEvent
 from ..stop import StopCutter
 
 # Anthropic's error ``type`` for each HTTP status Kiln answers with.
@@ -411,29 +414,27 @@ class MessageTranslator:
         return self._delta("text", source, held)
 
     # -- events -----------------------------------------------------------------------------------
-    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, event: RunEvent) -> list[dict[str, Any]]:
         """The Anthropic events for one Responses event (often none)."""
         if self.stopped:
             return []
-        kind = event.get("type")
-        index = event.get("output_index", -1)
-        if kind == "response.output_text.delta":
-            return self._text(index, event.get("delta") or "")
-        if kind == "response.reasoning_text.delta" and self.show_thinking:
-            return self._delta("thinking", index, event.get("delta") or "")
-        if kind == "response.output_item.added" and (event.get("item") or {}).get("type") == "function_call":
-            item = event["item"]
+        if is_text_delta(event):
+            return self._text(event.get("output_index", -1), event.get("delta") or "")
+        if is_reasoning_delta(event) and self.show_thinking:
+            return self._delta("thinking", event.get("output_index", -1), event.get("delta") or "")
+        if is_item_added(event) and (event.get("item") or {}).get("type") == "function_call":
+            item, index = event["item"], event.get("output_index", -1)
             self._calls.add(index)
             events = self._release_held()
             return events + self._open("tool_use", index, {"type": "tool_use", "id": item.get("call_id"), "name": item.get("name")})
-        if kind == "response.function_call_arguments.delta" and index in self._calls:
+        if is_arguments_delta(event) and (index := event.get("output_index", -1)) in self._calls:
             block = self._current
             if block is None or block.source != index:
                 return []  # its block was closed by another item's content; the done event fixes it
             block.parts.append(event.get("delta") or "")
             return [{"type": "content_block_delta", "index": block.index, "delta": {"type": "input_json_delta", "partial_json": event.get("delta") or ""}}]
-        if kind == "response.output_item.done":
-            item = event.get("item") or {}
+        if is_item_done(event):
+            item, index = event.get("item") or {}, event.get("output_index", -1)
             if item.get("type") == "function_call":
                 for block in self.blocks:
                     if block.kind == "tool_use" and block.source == index:

@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from ...lifecycle.generation import GenerationFailed
+from kiln.protocol.events import Logprob, is_arguments_delta, is_item_added, is_item_done, is_reasoning_delta, is_text_delta
+
+from ...lifecycle.generation import GenerationFailed, RunEvent
 from ...lifecycle.run import ResponseRun
 from ..stop import StopCutter
 
@@ -59,10 +61,10 @@ class ChatTranslator:
         self.cutter = StopCutter(stop or [])
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.logprobs: list[dict[str, Any]] = []
+        self.logprobs: list[Logprob] = []
         self.calls: list[dict[str, Any]] = []  # {"id", "name", "arguments"} in index order
         self._call_index: dict[str, int] = {}  # Responses item id -> chat tool-call index
-        self._pending_logprobs: list[dict[str, Any]] = []  # of text held back by the cutter
+        self._pending_logprobs: list[Logprob] = []  # of text held back by the cutter
 
     @property
     def stopped(self) -> bool:
@@ -70,28 +72,26 @@ class ChatTranslator:
         return self.cutter.hit
 
     # -- events -> deltas -------------------------------------------------------------------------
-    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, event: RunEvent) -> list[dict[str, Any]]:
         """The chat chunks one Responses event gives (often none)."""
-        kind = event.get("type")
-        if kind == "response.output_text.delta":
+        if is_text_delta(event):
             return self._text(event.get("delta") or "", event.get("logprobs") or [])
-        if kind == "response.reasoning_text.delta" and event.get("delta") and not self.stopped:
+        if is_reasoning_delta(event) and event.get("delta") and not self.stopped:
             self.reasoning.append(event["delta"])
             return [self.chunk({"reasoning_content": event["delta"]})]
-        item = event.get("item") or {}
-        if kind == "response.output_item.added" and item.get("type") == "function_call":
-            return [self.chunk({"tool_calls": [self._open_call(item)]})]
-        if kind == "response.function_call_arguments.delta":
+        if is_item_added(event) and (event.get("item") or {}).get("type") == "function_call":
+            return [self.chunk({"tool_calls": [self._open_call(event["item"])]})]
+        if is_arguments_delta(event):
             index = self._call_index.get(event.get("item_id", ""))
             if index is None or not event.get("delta"):
                 return []
             self.calls[index]["arguments"] += event["delta"]
             return [self.chunk({"tool_calls": [{"index": index, "function": {"arguments": event["delta"]}}]})]
-        if kind == "response.output_item.done" and item.get("type") == "function_call":
-            return self._close_call(item)
+        if is_item_done(event) and (event.get("item") or {}).get("type") == "function_call":
+            return self._close_call(event["item"])
         return []
 
-    def _text(self, delta: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _text(self, delta: str, logprobs: list[Logprob]) -> list[dict[str, Any]]:
         if self.stopped:
             return []
         released = self.cutter.feed(delta)
@@ -138,7 +138,7 @@ class ChatTranslator:
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def chunk(self, delta: dict[str, Any], logprobs: list[dict[str, Any]] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+    def chunk(self, delta: dict[str, Any], logprobs: list[Logprob] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None, "finish_reason": finish_reason}
         out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         if self.include_usage:

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from kiln.protocol.events import OUTPUT_TEXT_DELTA, Logprob
+
 from ...http.errors import invalid
+from ...lifecycle.generation import RunEvent
 from ..chat.framer import ChatTranslator, chat_usage
 from ..chat.request import LOGPROBS_INCLUDE, ChatRequest, _max_tokens, _stop
 from ..validation import parse_bool
@@ -59,7 +62,7 @@ def translate_completion(raw: dict[str, Any]) -> ChatRequest:
     return ChatRequest(body=body, stream=stream, include_usage=include_usage, logprobs=logprobs is not None, stop=_stop(raw.get("stop")), raw_prompt=prompt)
 
 
-def _legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+def _legacy_logprobs(entries: list[Logprob], offset: int) -> dict[str, Any]:
     """Chat-style token logprobs in the legacy shape (parallel arrays, top as a mapping)."""
     offsets = []
     for e in entries:
@@ -84,7 +87,7 @@ class CompletionTranslator(ChatTranslator):
     def _choice(self, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def chunk(self, delta: dict[str, Any], logprobs: list[dict[str, Any]] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+    def chunk(self, delta: dict[str, Any], logprobs: list[Logprob] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
         text = delta.get("content") or ""
         legacy = _legacy_logprobs(logprobs, self._offset) if logprobs is not None else None
         self._offset += len(text)
@@ -93,9 +96,9 @@ class CompletionTranslator(ChatTranslator):
             out["usage"] = None
         return out
 
-    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, event: RunEvent) -> list[dict[str, Any]]:
         # Text only: reasoning and tool calls have no place in a legacy completion.
-        return super().feed(event) if event.get("type") == "response.output_text.delta" else []
+        return super().feed(event) if event.get("type") == OUTPUT_TEXT_DELTA else []
 
     def opening(self) -> dict[str, Any] | None:
         return None  # the legacy stream has no role chunk
