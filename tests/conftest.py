@@ -130,8 +130,9 @@ def _report_tasks_of_a_hang(request):
     """Shortly before pytest-timeout ends a hung run (its ``timeout`` in pyproject.toml), the
     asyncio tasks of every running event loop are printed: the threads' stacks alone show an
     asyncio test only waiting in select()."""
+    marker = request.node.get_closest_marker("timeout")  # a test's own bound (the soak's) wins
     try:
-        limit = float(request.config.getini("timeout") or 0)
+        limit = float(marker.args[0] if marker is not None and marker.args else request.config.getini("timeout") or 0)
     except ValueError:  # pytest-timeout is not loaded (-p no:timeout)
         limit = 0.0
     if limit <= 0:
