@@ -145,10 +145,17 @@ def _report_tasks_of_a_hang(request):
     reported.cancel()
 
 
+def _is_running_loop(obj: object) -> bool:
+    try:
+        return isinstance(obj, asyncio.AbstractEventLoop) and obj.is_running()
+    except ReferenceError:  # a dead weakref proxy among the collector's objects
+        return False
+
+
 def _print_asyncio_tasks(nodeid: str) -> None:
     out = sys.__stderr__
     print(f"\n+++ {nodeid} is about to time out; the asyncio tasks:", file=out)
-    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+    loops = [o for o in gc.get_objects() if _is_running_loop(o)]
     for loop in loops:
         for task in list(asyncio.all_tasks(loop)):
             print(f"--- {task.get_name()}", file=out)
