@@ -38,6 +38,7 @@ from kiln.protocol.control import ControlMessage, ModelExited, ModelStopped, Sta
 from kiln.protocol.model_config import ModelConfig, ServeConfig
 
 from ..http.errors import ApiError
+from ..lifecycle.tasks import stop_tasks
 from .workers import WorkerPool
 
 log = logging.getLogger("kiln.gateway.pool.ondemand")
@@ -105,14 +106,7 @@ class ModelLoader:
                 self._task = asyncio.create_task(self._idle_loop(), name="kiln-ondemand-idle")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *(m.starting for m in self._models.values())) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await stop_tasks(t for t in (self._task, *(m.starting for m in self._models.values())) if t is not None)
         if self.launcher is not None:
             await self.launcher.stop()
 

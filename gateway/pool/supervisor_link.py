@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 from kiln.protocol.control import MAX_LINE, ControlError, ControlMessage, decode_line, encode_line
 
+from ..lifecycle.tasks import stop_tasks
+
 log = logging.getLogger("kiln.gateway.pool.supervisor_link")
 
 # Lines waiting to be written beyond this mean the supervisor has stopped reading: drop, and say so.
@@ -45,11 +47,7 @@ class SupervisorLink:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await stop_tasks([self._task])
         if self._writer is not None:
             self._writer.close()
 

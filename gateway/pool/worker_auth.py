@@ -26,6 +26,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from kiln.protocol.security import ZAP_DOMAIN, CurveKeys
 
+from ..lifecycle.tasks import stop_tasks
+
 log = logging.getLogger("kiln.gateway.pool.workers")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -94,13 +96,7 @@ class WorkerAuthenticator:
         self._tasks.append(asyncio.create_task(self._monitor_loop(), name="kiln-pool-monitor"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await stop_tasks(self._tasks)
         self._tasks = []
         if self._watched is not None:
             try:

@@ -58,6 +58,7 @@ from kiln.protocol.security import derive_keys, secure_gateway_socket
 from kiln.protocol.usage import Usage
 
 from ..http.errors import ApiError
+from ..lifecycle.tasks import stop_tasks
 from . import rendezvous
 from .worker_auth import RefusalLog
 
@@ -308,13 +309,7 @@ class WorkerPool:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await stop_tasks(self._tasks)
         if self.auth is not None:
             await self.auth.stop()
             self.auth = None

@@ -189,6 +189,17 @@ def _max_tokens(raw: dict[str, Any]) -> Any:
     return None
 
 
+def _streaming(raw: dict[str, Any], body: dict[str, Any]) -> tuple[bool, bool]:
+    """``stream`` (also set on ``body``) and ``stream_options.include_usage``, as both chat-shaped
+    doors read them."""
+    stream = parse_bool(raw.get("stream"), "stream")
+    body["stream"] = stream
+    options = raw.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("Invalid type for 'stream_options': expected an object.", param="stream_options")
+    return stream, bool(options and parse_bool(options.get("include_usage"), "stream_options.include_usage"))
+
+
 def _stop(value: Any) -> list[str]:
     if value is None:
         return []
@@ -239,10 +250,5 @@ def translate_chat(raw: dict[str, Any]) -> ChatRequest:
     if effort is not None:
         body["reasoning"] = {"effort": effort}
     logprobs = _logprobs(raw, body)
-    stream = parse_bool(raw.get("stream"), "stream")
-    body["stream"] = stream
-    options = raw.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise invalid("Invalid type for 'stream_options': expected an object.", param="stream_options")
-    include_usage = bool(options and parse_bool(options.get("include_usage"), "stream_options.include_usage"))
+    stream, include_usage = _streaming(raw, body)
     return ChatRequest(body=body, stream=stream, include_usage=include_usage, logprobs=logprobs, stop=_stop(raw.get("stop")))

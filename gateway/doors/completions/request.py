@@ -17,7 +17,7 @@ from kiln.protocol.events import OUTPUT_TEXT_DELTA, Logprob
 from ...http.errors import invalid
 from ...lifecycle.generation import RunEvent
 from ..chat.framer import ChatTranslator, chat_usage
-from ..chat.request import LOGPROBS_INCLUDE, ChatRequest, _max_tokens, _stop
+from ..chat.request import LOGPROBS_INCLUDE, ChatRequest, _max_tokens, _stop, _streaming
 from ..validation import parse_bool
 
 DEFAULT_MAX_TOKENS = 16  # the legacy API's default
@@ -53,12 +53,7 @@ def translate_completion(raw: dict[str, Any]) -> ChatRequest:
         if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
             raise invalid(f"Invalid 'logprobs': expected an integer from 0 to {MAX_LOGPROBS}.", param="logprobs")
         body.update(include=[LOGPROBS_INCLUDE], top_logprobs=logprobs)
-    stream = parse_bool(raw.get("stream"), "stream")
-    body["stream"] = stream
-    options = raw.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise invalid("Invalid type for 'stream_options': expected an object.", param="stream_options")
-    include_usage = bool(options and parse_bool(options.get("include_usage"), "stream_options.include_usage"))
+    stream, include_usage = _streaming(raw, body)
     return ChatRequest(body=body, stream=stream, include_usage=include_usage, logprobs=logprobs is not None, stop=_stop(raw.get("stop")), raw_prompt=prompt)
 
 
