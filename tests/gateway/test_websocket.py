@@ -196,6 +196,46 @@ def test_a_slow_warm_up_is_answered_early_and_its_turn_waits_for_the_prefill(mon
     assert not pool.leaked()
 
 
+class FailingPrefillPool(SlowPrefillPool):
+    """The slow warm-up's prefill fails (the worker died, say) after it was answered early."""
+
+    async def _send(self, identity, message):
+        from kiln.protocol import Event, Failed
+        from kiln.protocol.codec import decode, encode
+
+        message = decode(encode(message))
+        if isinstance(message, Generate) and message.request.sampling.max_output_tokens == 1:
+            self.log.append(("warm-up sent", asyncio.get_running_loop().time()))
+
+            async def prefill() -> None:
+                await self._dispatch(identity, Event(message.req_id, [], Usage(input_tokens=1300)))
+                await asyncio.sleep(self.prefill_s)
+                await self._dispatch(identity, Failed(message.req_id, 502, "server_error", "the worker stopped responding during generation"))
+
+            asyncio.ensure_future(prefill())
+            return
+        await super()._send(identity, message)
+
+
+def test_a_warm_up_answered_early_whose_prefill_fails_still_continues(monkeypatch):
+    # The client was told the warm-up completed: its continuation must not then be refused with
+    # previous_response_not_found. It runs, on a cold prompt.
+    from kiln.gateway.doors.websocket import routes as route
+
+    monkeypatch.setattr(route, "WARM_UP_ANSWER_S", 0.1)
+    pool = FailingPrefillPool()
+    pool.prefill_s = 0.3
+    app = create_app(Settings(), pool=pool)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        with client.websocket_connect(URL) as ws:
+            frames = _turn(ws, input="a long agent prompt", generate=False, store=False)
+            assert frames[-1]["type"] == "response.completed"
+            turn = _turn(ws, input="and now?", previous_response_id=frames[-1]["response"]["id"], store=False)
+            assert_ws_turn(turn)
+            assert turn[-1]["type"] == "response.completed", turn[-1]
+    assert not pool.leaked()
+
+
 def test_off_switch_answers_426():
     app, _ = local_app(websocket="off")
     with TestClient(app, base_url="http://127.0.0.1") as client:

@@ -362,8 +362,9 @@ class Session:
         """A ``generate: false`` turn: answered when its prefill is done, or after WARM_UP_ANSWER_S
         with the usage known so far while the prefill goes on. The turn holds the socket until the
         prefill is done, so the next turn (its continuation) starts on the cached prompt; the run is
-        finished (stored, billed) then. A prefill that fails after the early answer forgets the
-        warm-up, so its continuation is told ``previous_response_not_found`` and resends."""
+        finished (stored, billed) then. A prefill that fails after the early answer keeps what the
+        client was told: the warm-up stays on the socket (its input, no output), and its
+        continuation is prefilled from there."""
         seq = EventSequencer()
         response = run.response
         await self._send(seq.stamp({"type": "response.created", "response": opening}))
@@ -389,10 +390,12 @@ class Session:
             await run.finish()
             if response.status in ("completed", "incomplete"):
                 self.state.remember(response.id, run.generation.body["input"], response.data["output"])
-            else:
+            elif not early:
                 self.state.forget(response.id)
                 if previous is not None:
                     self.state.forget(previous)
+            # Answered early, the client saw it completed: its state (the input, no output) stays,
+            # and the continuation runs on a cold prompt instead of being told to resend.
             if not early:
                 await self._send(seq.stamp(terminal_event(response)))
             log.info("websocket turn",
