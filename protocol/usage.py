@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _is_count(value: Any) -> bool:
+def is_count(value: Any) -> bool:
+    """A count as the wire carries one: a non-negative integer (JSON and msgpack keep booleans
+    apart, and so does this)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _count(value: Any) -> int:
-    return value if _is_count(value) else 0
+def count_or_zero(value: Any) -> int:
+    """``value`` where it is a count, else 0 (a peer's malformed count never breaks a sum)."""
+    return value if is_count(value) else 0
 
 
 class InvalidUsage(ValueError):
@@ -32,7 +35,7 @@ class InvalidUsage(ValueError):
 
 def _wire_count(usage: Mapping[str, Any], key: str, where: str = "") -> int:
     value = usage.get(key, 0)
-    if not _is_count(value):
+    if not is_count(value):
         raise InvalidUsage(f"{where}{key} is not a non-negative integer")
     return int(value)
 
@@ -68,11 +71,11 @@ class Usage:
         inp = inp if isinstance(inp, Mapping) else {}
         out = out if isinstance(out, Mapping) else {}
         return cls(
-            input_tokens=_count(usage.get("input_tokens")),
-            cached_tokens=_count(inp.get("cached_tokens")),
-            cache_write_tokens=_count(inp.get("cache_write_tokens")),
-            output_tokens=_count(usage.get("output_tokens")),
-            reasoning_tokens=_count(out.get("reasoning_tokens")),
+            input_tokens=count_or_zero(usage.get("input_tokens")),
+            cached_tokens=count_or_zero(inp.get("cached_tokens")),
+            cache_write_tokens=count_or_zero(inp.get("cache_write_tokens")),
+            output_tokens=count_or_zero(usage.get("output_tokens")),
+            reasoning_tokens=count_or_zero(out.get("reasoning_tokens")),
         )
 
     @classmethod

@@ -48,9 +48,9 @@ class Persistence:
                 snapshot = dict(response.snapshot(), output=[])
             except ConversationFull as full:
                 full.param = "conversation"
+                response.fail("server_error", f"The response could not be appended to its conversation: {full.message}")
                 if not background:
                     raise
-                response.fail("server_error", f"The response could not be appended to its conversation: {full.message}")
                 snapshot = dict(response.snapshot(), output=[])
         store = self.stores.responses
         if store is None:

@@ -165,8 +165,7 @@ class ResponsesService:
             if response.status in ("completed", "incomplete"):
                 response.fail("server_error", "The response could not be stored: the response store is unavailable.")
         except ConversationFull as error:
-            refusal = error
-            response.fail("server_error", f"The response could not be appended to its conversation: {error.message}")
+            refusal = error  # the response is marked failed already (persistence.py)
         if isinstance(refusal, StoreUnavailable):
             await self.stores.events.discard(response.id)  # the store is away: do not wait on it
         elif response.status in TERMINAL:

@@ -55,7 +55,7 @@ from kiln.protocol import (
 )
 from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
-from kiln.protocol.usage import Usage
+from kiln.protocol.usage import Usage, count_or_zero, is_count
 
 from ..http.errors import ApiError
 from ..lifecycle.tasks import stop_tasks
@@ -91,7 +91,7 @@ class UsageLimits:
         """A request's own output cap (when it sets one), else the worker's context window,
         which also bounds any prompt; the prompt is bounded by what was sent (``sent_bytes``),
         so a worker announcing a huge window cannot bill a short prompt as a huge one."""
-        cap = max_output_tokens if _is_count(max_output_tokens) and max_output_tokens else window
+        cap = max_output_tokens if is_count(max_output_tokens) and max_output_tokens else window
         prompt = window if sent_bytes is None else min(window, sent_bytes + TEMPLATE_TOKENS)
         return cls(max_input_tokens=prompt, max_output_tokens=min(cap, window))
 
@@ -105,15 +105,6 @@ class UsageLimits:
         elif isinstance(message, Compact):
             cap = message.max_output_tokens
         return cls.of(info.context_window, cap, sent_bytes)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _count(value: Any) -> int:
-    """A heartbeat's count as routing may use it (anything else counts as 0)."""
-    return value if _is_count(value) else 0
 
 
 def usage_violation(usage: Usage, limits: UsageLimits) -> str | None:
@@ -140,12 +131,12 @@ def report_violation(message: Any, limits: UsageLimits) -> str | None:
     if isinstance(message, Compacted):
         for name in ("input_tokens_before", "input_tokens_after"):
             value = getattr(message, name)
-            if not _is_count(value) or value > limits.max_input_tokens:
+            if not is_count(value) or value > limits.max_input_tokens:
                 return f"{name} is not an integer between 0 and {limits.max_input_tokens}"
         return usage_violation(message.usage, limits)
     if isinstance(message, TokenCount):
         # A count may exceed the window (that is what the client asks to learn), never be negative.
-        return None if _is_count(message.input_tokens) else "input_tokens is not a non-negative integer"
+        return None if is_count(message.input_tokens) else "input_tokens is not a non-negative integer"
     return None
 
 
@@ -157,9 +148,9 @@ def register_violation(message: Register) -> str | None:
         return "aliases is not a list of names"
     if not isinstance(message.worker_id, str):
         return "worker_id is not a string"
-    if not _is_count(message.context_window) or not 0 < message.context_window <= MAX_CONTEXT_WINDOW:
+    if not is_count(message.context_window) or not 0 < message.context_window <= MAX_CONTEXT_WINDOW:
         return f"context_window is not an integer between 1 and {MAX_CONTEXT_WINDOW}"
-    if not _is_count(message.capacity) or message.capacity < 1 or not _is_count(message.queue_depth):
+    if not is_count(message.capacity) or message.capacity < 1 or not is_count(message.queue_depth):
         return "capacity or queue_depth is not a positive integer"
     return None
 
@@ -517,9 +508,9 @@ class WorkerPool:
             return
         worker.last_seen = time.monotonic()
         if isinstance(message, Heartbeat):
-            worker.active, worker.queued, worker.cache = _count(message.active), _count(message.queued), message.cache
-            worker.others = _count(message.others)
-            worker.rss_bytes = _count(message.rss_bytes)
+            worker.active, worker.queued, worker.cache = count_or_zero(message.active), count_or_zero(message.queued), message.cache
+            worker.others = count_or_zero(message.others)
+            worker.rss_bytes = count_or_zero(message.rss_bytes)
             await self._send(identity, self._welcome())  # so the worker knows this gateway is there
             return
         if isinstance(message, (Event, Done, Failed, TokenCount, Compacted)):

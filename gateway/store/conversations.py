@@ -179,10 +179,9 @@ class MemoryConversationStore:
     async def replace(self, key: str, items: list[dict[str, Any]], *, conversation_id: str | None = None) -> list[dict[str, Any]]:
         """Swap the items for a compacted history (metadata and creation time stay)."""
         conv = self._lru.get(key) or Conversation(conversation_id or key, int(time.time()))
-        resources = [as_resource_item(i) for i in items]
-        self._fits(key, conversation_size(Conversation(conv.id, conv.created_at, conv.metadata, resources)))
-        conv.items = resources
-        conv.items_bytes = None  # recounted: the items are all new
+        replaced = Conversation(conv.id, conv.created_at, conv.metadata, [as_resource_item(i) for i in items])
+        self._fits(key, conversation_size(replaced))  # counts the new items once, kept below
+        conv.items, conv.items_bytes = replaced.items, replaced.items_bytes
         self._keep(key, conv)
         return list(conv.items)
 

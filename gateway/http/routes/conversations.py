@@ -20,8 +20,7 @@ from ...doors.serving import service as _service
 from ...doors.validation import check_metadata, normalize_input
 from ...lifecycle.history import conversation_key
 from ...lifecycle.service import ResponsesService
-from ...store.conversations import Conversation, as_resource_item, conversation_size, new_conversation_id
-from ...store.lru import OWNER_SHARE
+from ...store.conversations import Conversation, ConversationFull, as_resource_item, conversation_limit, conversation_size, new_conversation_id
 from ...store.protocols import ConversationStore
 from ..errors import ApiError, invalid
 from .pagination import item_list, item_page
@@ -74,15 +73,6 @@ async def _index(request: Request, key: str, items: list[dict[str, Any]]) -> Non
     await _service(request).references.index(_owner(request), items, ("conversation", key))
 
 
-def _too_large(conv: Conversation, store: ConversationStore, owner: Any) -> str:
-    """Which limit a conversation the store could not keep is over: the organization's share of
-    the store (hosted), or the store's whole byte budget."""
-    size = conversation_size(conv)
-    if owner is not None and size > OWNER_SHARE * store.max_bytes:
-        return f"The conversation ({size} bytes) is larger than this organization's share of the conversation store ({int(OWNER_SHARE * store.max_bytes)} bytes)."
-    return f"The conversation ({size} bytes) does not fit the conversation store's byte budget ({store.max_bytes} bytes)."
-
-
 async def create_conversation(request: Request) -> Response:
     raw = await read_body(request)
     store = _store(request)
@@ -91,7 +81,9 @@ async def create_conversation(request: Request) -> Response:
     conv = Conversation(new_conversation_id(), int(time.time()), metadata, [as_resource_item(i) for i in items])
     key = conversation_key(conv.id, _owner(request))
     if not await store.create(key, conv):  # with its items, in one write
-        raise invalid(_too_large(conv, store, _owner(request)), param="items")
+        # Over the organization's share (hosted) or the store's budget: the limit an append meets.
+        limit, owned = conversation_limit(key, store.max_bytes)
+        raise ConversationFull(conversation_size(conv), limit, owned=owned)
     await _index(request, key, conv.items)
     return JSONResponse(conv.resource())
 
