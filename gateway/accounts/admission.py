@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from kiln.gateway.doors.create_request import CreateRequest
 from kiln.gateway.http.errors import ApiError
 from kiln.protocol.usage import Usage
 
@@ -82,14 +83,14 @@ class HostedTicket:
                 return None
         return self.event.cost_usd if self.event is not None else None
 
-    async def cover(self, body: Mapping[str, Any], window: int) -> None:
-        """Extend the reservation to ``body`` as it will be sent (history, conversation, socket
+    async def cover(self, request: CreateRequest, window: int) -> None:
+        """Extend the reservation to ``request`` as it will be sent (history, conversation, socket
         state and item references expanded), before any work: admission only saw the request's
         own body, and a short body continuing a long transcript costs the transcript. 402 when
         the balance before this request's reservation is not above zero (Meter.top_up)."""
         if self._settled:  # a token count's ticket: nothing reserved, nothing to extend
             return
-        inp, out = _reservation_tokens(body, window)
+        inp, out = _reservation_tokens(request.to_json(), window)
         assert self.accounts.meter is not None
         extra = self.accounts.meter.price_nanos(self.model, inp, out) - self.reserved_nanos
         if extra <= 0:

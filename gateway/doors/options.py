@@ -1,7 +1,7 @@
 """What a door decides about a request, kept apart from what the client sent.
 
-A create body holds client fields only (``validation.validate_create`` keeps the fields the API
-defines and drops the rest), so nothing a client sends can reach these knobs: each door builds
+A create request holds client fields only (``validation.validate_create`` returns a
+``CreateRequest`` of the fields the API defines), so nothing a client sends can reach these knobs: each door builds
 its ``DoorOptions`` from its own reading of the request (the legacy Completions door's prompt, a
 session header, a WebSocket turn's ``generate: false``) and hands it to
 ``ResponsesService.prepare``, which gives it to the ``Generation`` and to every worker request

@@ -13,6 +13,7 @@ reserved, held or running.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from ..lifecycle.generation import GenerationFailed, RunEvent
 from ..lifecycle.run import ResponseRun
 from ..lifecycle.service import ResponsesService
 from ..pool.workers import SESSION_HEADERS
+from .create_request import CreateRequest
 from .framing import Framer, drain, frames
 from .options import DoorOptions
 from .validation import validate_create
@@ -52,16 +54,16 @@ async def read_body(request: Request) -> dict[str, Any]:
     return raw
 
 
-def validated(request: HTTPConnection, raw: dict[str, Any]) -> dict[str, Any]:
-    """A Responses create body (client fields only), validated and with the server's defaults
-    applied."""
+def validated(request: HTTPConnection, raw: dict[str, Any]) -> CreateRequest:
+    """A Responses create body as the typed request, with the server's sampling defaults applied
+    where the client set none (echoed, so clients see what ran)."""
     settings = request.app.state.settings
-    body = validate_create(raw, hosted_tools=settings.hosted_tools, truncation_auto=settings.truncation_auto)
-    if body.get("temperature") is None and settings.default_temperature is not None:
-        body["temperature"] = settings.default_temperature  # echoed, so clients see what ran
-    if body.get("frequency_penalty") is None and settings.default_frequency_penalty is not None:
-        body["frequency_penalty"] = settings.default_frequency_penalty  # echoed too
-    return body
+    create = validate_create(raw, hosted_tools=settings.hosted_tools, truncation_auto=settings.truncation_auto)
+    return dataclasses.replace(
+        create,
+        temperature=settings.default_temperature if create.temperature is None else create.temperature,
+        frequency_penalty=settings.default_frequency_penalty if create.frequency_penalty is None else create.frequency_penalty,
+    )
 
 
 def session(request: HTTPConnection) -> str | None:

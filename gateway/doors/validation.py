@@ -1,13 +1,13 @@
 """Create-time checks for ``POST /v1/responses``.
 
 Everything a request can be refused for without a model is refused here, before anything reaches
-a worker, with the OpenAI error shape and the parameter that is wrong. The result is a normalized
-copy of the body: ``input`` is always a list of items and ``stream`` a boolean.
+a worker, with the OpenAI error shape and the parameter that is wrong. The result is a frozen
+``create_request.CreateRequest``: ``input`` is always a list of items and ``stream`` a boolean.
 
-The copy holds the fields the API defines (``CLIENT_FIELDS``) and nothing else: any other key is
-ignored, as OpenAI's SDKs let clients send extra fields freely (``extra_body``), and that is also
-what keeps a client away from what a door decides for itself (``options.DoorOptions``: a raw
-prompt, a session key), which never travels in the body.
+It holds the fields the API defines and nothing else: any other key is ignored, as OpenAI's SDKs
+let clients send extra fields freely (``extra_body``), and that is also what keeps a client away
+from what a door decides for itself (``options.DoorOptions``: a raw prompt, a session key), which
+has no attribute on the request.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from kiln.protocol.request import MAX_SEED, MAX_TOP_LOGPROBS, InvalidParam, ToolChoice
 
 from ..http.errors import invalid
+from .create_request import CreateRequest
 from .schema_check import check_json_schema, check_text_format
 
 HOSTED_TOOL_TYPES = frozenset(
@@ -61,20 +62,6 @@ INCLUDE_UNSUPPORTED = {
     "web_search_call.action.sources": "hosted tools are not available on this server",
     "code_interpreter_call.outputs": "hosted tools are not available on this server",
 }
-# The create request's fields: those of OpenAI's ``CreateResponse`` schema
-# (shared/conformance/openai-responses.schema.json) and Kiln's sampling extensions (``seed``, the
-# penalties). Only these are kept from a client's body.
-CLIENT_FIELDS = frozenset(
-    {
-        "background", "context_management", "conversation", "include", "input", "instructions",
-        "max_output_tokens", "max_tool_calls", "metadata", "model", "moderation",
-        "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key",
-        "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier",
-        "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
-        "tools", "top_logprobs", "top_p", "truncation", "user",
-        "seed", "presence_penalty", "frequency_penalty",
-    }
-)  # fmt: skip
 SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority"})
 CONTENT_PART_TYPES = frozenset({"input_text", "output_text", "refusal", "text", "summary_text"})
 
@@ -140,12 +127,12 @@ def check_metadata(metadata: Any) -> dict[str, Any] | None:
     return checked
 
 
-def _check_include(body: dict[str, Any]) -> None:
+def _check_include(body: dict[str, Any]) -> list[str]:
     """``include`` holds known values only: a typo must not pass silently, and a value Kiln
     cannot honour (images, hosted tools) is refused with the reason rather than ignored."""
-    include = _expect(body, "include", (list,), "an array")
+    include: list[str] | None = _expect(body, "include", (list,), "an array")
     if include is None:
-        return
+        return []
     for i, value in enumerate(include):
         param = f"include[{i}]"
         if not isinstance(value, str):
@@ -154,16 +141,17 @@ def _check_include(body: dict[str, Any]) -> None:
             raise invalid(f"'include' value {value!r} is not supported: {INCLUDE_UNSUPPORTED[value]}.", param=param)
         if value not in INCLUDE_SUPPORTED:
             raise invalid(f"Invalid value for '{param}': {value!r} is not a known include value; supported: {', '.join(sorted(INCLUDE_SUPPORTED))}.", param=param)
+    return include
 
 
-def check_for_model(body: dict[str, Any], context_window: int | None) -> None:
+def check_for_model(request: CreateRequest, context_window: int | None) -> None:
     """The checks that need the model: ``max_output_tokens`` must fit its context window.
 
     Called once the model is resolved (``ResponsesService.prepare``); ``None`` or 0 means the
     worker did not say, and the worker's own clamp applies.
     """
     if context_window:
-        _int_in(body, "max_output_tokens", 1, context_window)
+        _int_in({"max_output_tokens": request.max_output_tokens}, "max_output_tokens", 1, context_window)
 
 
 def parse_bool(value: Any, key: str) -> bool:
@@ -331,13 +319,12 @@ def _check_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]]) -> Any
     raise invalid("Invalid value for 'tool_choice'.", param="tool_choice")
 
 
-def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto: bool = False) -> dict[str, Any]:
-    """Check a create body and return its normalized copy of the client fields (any other key is
-    dropped); raise ApiError on the first fault. ``truncation_auto``: the gateway accepts
-    ``truncation: "auto"`` (--truncation-auto)."""
+def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto: bool = False) -> CreateRequest:
+    """Check a create body and return it as a ``CreateRequest`` (the fields of
+    ``create_request.DROPPED_FIELDS`` and unknown keys are dropped); raise ApiError on the first
+    fault. ``truncation_auto``: the gateway accepts ``truncation: "auto"`` (--truncation-auto)."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
-    out = {key: value for key, value in body.items() if key in CLIENT_FIELDS}
     model = body.get("model")
     if model is None:
         raise invalid("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
@@ -363,22 +350,29 @@ def validate_create(body: Any, *, hosted_tools: str = "reject", truncation_auto:
     truncation = body.get("truncation")
     if truncation not in (None, "disabled") and not (truncation == "auto" and truncation_auto):
         raise invalid(f"Invalid value for 'truncation': only 'disabled' is supported, got {truncation!r}.", param="truncation")
-    out["stream"] = parse_bool(body.get("stream"), "stream")
-    out["store"] = True if body.get("store") is None else parse_bool(body.get("store"), "store")
-    out["background"] = parse_bool(body.get("background"), "background")
-    out["parallel_tool_calls"] = True if body.get("parallel_tool_calls") is None else parse_bool(body.get("parallel_tool_calls"), "parallel_tool_calls")
-    check_metadata(body.get("metadata"))
-    for key in ("text", "reasoning"):
-        _expect(body, key, (dict,), "an object")
-    if body.get("text") is not None:
-        check_text_format(body["text"].get("format"))
-    _check_include(body)
-    _expect(body, "previous_response_id", (str,), "a string")
-    _expect(body, "conversation", (str, dict), "a string or an object")
-    _expect(body, "prompt_cache_key", (str,), "a string")
-    out["input"] = normalize_input(body.get("input"))
-    out["tools"] = _check_tools(body, hosted_tools)
-    out["tool_choice"] = _check_tool_choice(body, out["tools"])
-    if out["stream"] and out["background"]:
+    stream = parse_bool(body.get("stream"), "stream")
+    store = True if body.get("store") is None else parse_bool(body.get("store"), "store")
+    background = parse_bool(body.get("background"), "background")
+    parallel_tool_calls = True if body.get("parallel_tool_calls") is None else parse_bool(body.get("parallel_tool_calls"), "parallel_tool_calls")
+    metadata = check_metadata(body.get("metadata"))
+    text, reasoning = (_expect(body, key, (dict,), "an object") for key in ("text", "reasoning"))
+    if text is not None:
+        check_text_format(text.get("format"))
+    include = _check_include(body)
+    previous_response_id = _expect(body, "previous_response_id", (str,), "a string")
+    conversation = _expect(body, "conversation", (str, dict), "a string or an object")
+    prompt_cache_key = _expect(body, "prompt_cache_key", (str,), "a string")
+    items = normalize_input(body.get("input"))
+    tools = _check_tools(body, hosted_tools)
+    tool_choice = _check_tool_choice(body, tools)
+    if stream and background:
         raise invalid("'background' and 'stream' cannot both be true.", param="background")
-    return out
+    return CreateRequest(
+        model=model, input=items, instructions=body.get("instructions"), max_output_tokens=body.get("max_output_tokens"),
+        max_tool_calls=body.get("max_tool_calls"), temperature=body.get("temperature"), top_p=body.get("top_p"),
+        presence_penalty=body.get("presence_penalty"), frequency_penalty=body.get("frequency_penalty"), seed=body.get("seed"),
+        top_logprobs=top_logprobs, stream=stream, store=store, background=background, parallel_tool_calls=parallel_tool_calls,
+        tools=tools, tool_choice=tool_choice, text=text, reasoning=reasoning, include=include, metadata=metadata,
+        previous_response_id=previous_response_id, conversation=conversation, prompt_cache_key=prompt_cache_key, safety_identifier=safety_identifier,
+        truncation=truncation, context_management=body.get("context_management"),
+    )

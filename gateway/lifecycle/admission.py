@@ -17,6 +17,7 @@ from starlette.requests import HTTPConnection
 from kiln.protocol.usage import Usage
 
 from ..accounts.middleware import GENERATION_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SLOT_SCOPE_KEY, accounts_unavailable
+from ..doors.create_request import CreateRequest
 from ..http.errors import ApiError
 
 
@@ -34,8 +35,8 @@ class Ticket(Protocol):
         """Release what admission took; an unsettled ticket is recorded as an error."""
         ...
 
-    async def cover(self, body: Mapping[str, Any], window: int) -> None:
-        """Extend the reservation to the expanded ``body`` before any work (402 when it cannot)."""
+    async def cover(self, request: CreateRequest, window: int) -> None:
+        """Extend the reservation to the expanded ``request`` before any work (402 when it cannot)."""
         ...
 
 
@@ -56,7 +57,7 @@ class OpenTicket:
     async def close(self) -> None:
         return None
 
-    async def cover(self, body: Mapping[str, Any], window: int) -> None:
+    async def cover(self, request: CreateRequest, window: int) -> None:
         return None
 
 

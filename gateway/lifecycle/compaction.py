@@ -28,6 +28,7 @@ from typing import Any
 from kiln.protocol import Compact, Compacted, Failed
 from kiln.protocol.usage import Usage
 
+from ..doors.create_request import CreateRequest
 from ..doors.validation import normalize_input
 from ..http.errors import ApiError, invalid
 from ..pool.worker_request import worker_request
@@ -116,20 +117,19 @@ def expand_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def compact(
-    pool: WorkerPool, body: dict[str, Any], model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None, owner: Any = None
+    pool: WorkerPool, request: CreateRequest, model: str, *, keep_tokens: int, max_output_tokens: int, timeout_s: float | None = None, session: str | None = None, owner: Any = None
 ) -> Compaction:
-    """Have a worker compact ``body["input"]`` (stored form; expanded here before sending).
+    """Have a worker compact ``request.input`` (stored form; expanded here before sending).
     ``owner``: whose history it is; its summary's prompt goes into that organization's prefix
     cache scope, as its generations do (never one another organization's lookups could reach)."""
-    stored = body["input"]
-    wire = {**body, "input": expand_items(stored)}
-    request = dataclasses.replace(worker_request(wire), cache_scope=cache_scope(owner))
+    items = expand_items(request.input)
+    sent = dataclasses.replace(worker_request(request, items), cache_scope=cache_scope(owner))
     try:
-        worker = pool.pick(model, routing_key(body, session))
+        worker = pool.pick(model, routing_key(request, session))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
     req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, Compact(req_id, request, keep_tokens, max_output_tokens))
+    channel = await pool.open(worker, req_id, Compact(req_id, sent, keep_tokens, max_output_tokens))
     try:
         message = await reply(channel, timeout_s)
     finally:
@@ -138,7 +138,6 @@ async def compact(
         raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
     if not isinstance(message, Compacted):
         raise ApiError(502, "The worker answered a compaction with something else.")
-    items = wire["input"]
     retained = [_with_id(items[i]) for i in message.retained_indices]
     whole = [i for i in items if i.get("type") != "compaction_trigger"]
     usage = Usage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens)
@@ -188,9 +187,9 @@ def output_form(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def compaction_settings(body: dict[str, Any]) -> int | None:
-    """The auto-compaction threshold of ``context_management``, validated; None when absent."""
-    entries = body.get("context_management")
+def compaction_settings(entries: Any) -> int | None:
+    """The auto-compaction threshold of ``context_management`` (``entries``), validated; None
+    when absent."""
     if entries is None:
         return None
     if not isinstance(entries, list):
@@ -210,32 +209,32 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     """Run what must happen before generation: a ``compaction_trigger`` turn (the whole
     answer is one compaction item) or automatic compaction over ``context_management``'s
     threshold. Raises ApiError when compaction fails."""
-    body, model = generation.body, generation.model
+    request, model = generation.request, generation.model
     window = pool.context_window(model) or 0
-    items = body["input"]
+    items = request.input
     if items and items[-1].get("type") == "compaction_trigger":
-        result = await compact(pool, {**body, "input": items[:-1]}, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s,
+        result = await compact(pool, request.with_input(items[:-1]), model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s,
             session=generation.options.session, owner=generation.owner)
         generation.add_prefix_item(result.item)
         generation.done_without_worker = True
         generation.response.finish("completed", complete_usage(result.usage))
         return
-    if body.get("truncation") == "auto":  # accepted only with --truncation-auto
-        count = truncation.worker_count(pool, body, model, timeout_s, generation.options)
+    if request.truncation == "auto":  # accepted only with --truncation-auto
+        count = truncation.worker_count(pool, request, model, timeout_s, generation.options)
         generation.wire_input = await truncation.fit(generation.wire_input, count, window)
     threshold = generation.compact_threshold
     if threshold is None:
         return
-    counted = await count_tokens(pool, {**body, "input": generation.wire_input}, model, timeout_s, generation.options)
+    counted = await count_tokens(pool, request, generation.wire_input, model, timeout_s, generation.options)
     if counted < threshold and counted < window - 1:
         return
     rid = generation.response.id
-    result = await compact(pool, body, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session,
+    result = await compact(pool, request, model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s, session=generation.options.session,
         owner=generation.owner)
     if not result.summarized:  # asked for to make room, it made none
         raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
     generation.compaction_usage = result.usage  # billed with the response
-    body["input"] = result.history
+    generation.request = request.with_input(result.history)
     generation.wire_input = expand_items(result.history)
     generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
     generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})

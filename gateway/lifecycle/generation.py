@@ -14,6 +14,7 @@ from kiln.protocol.events import OUTPUT_ITEM_ADDED, OUTPUT_ITEM_DONE, OutputItem
 from kiln.protocol.request import GenerateRequest
 from kiln.protocol.usage import Usage
 
+from ..doors.create_request import CreateRequest
 from ..doors.options import NO_OPTIONS, DoorOptions
 from ..http.errors import ApiError
 from ..pool.worker_request import worker_request
@@ -80,7 +81,7 @@ class Generation:
         self,
         pool: WorkerPool,
         response: ResponseObject,
-        body: dict[str, Any],
+        request: CreateRequest,
         model: str,
         *,
         options: DoorOptions = NO_OPTIONS,
@@ -93,14 +94,15 @@ class Generation:
     ) -> None:
         self.pool = pool
         self.response = response
-        self.body = body
+        # The client's request as it stands (compaction replaces it with the compacted history).
+        self.request = request
         self.model = model
         # What the door decided (raw prompt, session, warm-up): never from the client's body.
         self.options = options
         # Who may see this response (the organization in hosted mode; None when auth is off).
         self.owner = owner
-        # What the worker renders: ``body["input"]`` with compaction items expanded.
-        self.wire_input: list[dict[str, Any]] = body.get("input") or [] if wire_input is None else wire_input
+        # What the worker renders: ``request.input`` with compaction items expanded.
+        self.wire_input: list[dict[str, Any]] = request.input if wire_input is None else wire_input
         # context_management's compaction threshold, when the request set one.
         self.compact_threshold = compact_threshold
         # How long the worker may take to send its first message, and then each next one, before
@@ -110,8 +112,8 @@ class Generation:
         # Applied to each finished output item before anyone sees it (e.g. sealing reasoning).
         self.item_hook = item_hook
         self.channel: Channel | None = None
-        # What the worker is sent, built by open() from the body as it then stands.
-        self.request: GenerateRequest | None = None
+        # What the worker is sent, built by open() from the request as it then stands.
+        self.sent: GenerateRequest | None = None
         self.cancelled = False
         # Events the gateway produced before generation (compaction), and how many output
         # items they hold: the worker's output indices are shifted past them.
@@ -133,21 +135,21 @@ class Generation:
         """Send the request to a worker; raises ApiError(503) when none can take it."""
         if self.done_without_worker:
             return
-        request = worker_request(self.body, self.wire_input, self.options)  # a bad value: 400 before anything is sent
-        request = dataclasses.replace(request, cache_scope=cache_scope(self.owner))
-        cache_key = routing_key(self.body, self.options.session)
+        sent = worker_request(self.request, self.wire_input, self.options)  # a bad value: 400 before anything is sent
+        sent = dataclasses.replace(sent, cache_scope=cache_scope(self.owner))
+        cache_key = routing_key(self.request, self.options.session)
         try:
             worker = self.pool.pick(self.model, cache_key)
         except NoWorker:
             raise ApiError(503, f"No worker is serving model '{self.model}' right now.", code="server_is_overloaded", headers={"Retry-After": "1"}) from None
-        self.request = request
+        self.sent = sent
         await self._send_to(worker)
 
     async def _send_to(self, worker: WorkerHandle) -> None:
-        assert self.request is not None, "open() first"
+        assert self.sent is not None, "open() first"
         req_id = uuid.uuid4().hex
-        message = Generate(req_id=req_id, response_id=self.response.id, request=self.request)
-        self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.request.sampling.max_output_tokens))
+        message = Generate(req_id=req_id, response_id=self.response.id, request=self.sent)
+        self.channel = await self.pool.open(worker, req_id, message, limits=self.pool.limits(worker, self.sent.sampling.max_output_tokens))
 
     def add_prefix_item(self, item: dict[str, Any]) -> None:
         """An output item the gateway made (a compaction), placed before the worker's items."""
@@ -217,7 +219,7 @@ class Generation:
         self.refused_by.add(self.channel.worker.identity)
         self.pool.close(self.channel, cancel=False)
         try:
-            worker = self.pool.pick(self.model, routing_key(self.body, self.options.session), exclude=self.refused_by)
+            worker = self.pool.pick(self.model, routing_key(self.request, self.options.session), exclude=self.refused_by)
         except NoWorker:
             return False
         if worker.overloaded():
@@ -286,17 +288,17 @@ async def reply(channel: Channel, timeout_s: float | None) -> Any:
         raise ApiError(504, "The model backend did not answer in time.", code="server_error") from None
 
 
-async def count_tokens(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None = None, options: DoorOptions = NO_OPTIONS) -> int:
-    """Ask a worker how many tokens ``body`` renders to."""
+async def count_tokens(pool: WorkerPool, request: CreateRequest, items: list[dict[str, Any]], model: str, timeout_s: float | None = None, options: DoorOptions = NO_OPTIONS) -> int:
+    """Ask a worker how many tokens ``request`` renders to over ``items`` (its input as sent)."""
     from kiln.protocol import CountTokens, TokenCount
 
-    request = worker_request(body, options=options)
+    sent = worker_request(request, items, options)
     try:
-        worker = pool.pick(model, routing_key(body, options.session))
+        worker = pool.pick(model, routing_key(request, options.session))
     except NoWorker:
         raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
     req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, request=request))
+    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, request=sent))
     try:
         message = await reply(channel, timeout_s)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..doors.create_request import CreateRequest
 from ..http.errors import ApiError, invalid
 from ..store.protocols import ConversationStore, JobBoard, ResponseStore
 
@@ -57,10 +58,10 @@ def conversation_key(conv: str, owner: Any) -> str:
     return conv if owner is None else f"{owner}:{conv}"
 
 
-async def expand(body: dict[str, Any], *, store: ResponseStore | None, jobs: JobBoard, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict[str, Any]]:
-    """History items for ``body`` (not including its own input)."""
-    previous = body.get("previous_response_id")
-    conv = conversation_id(body.get("conversation"))
+async def expand(request: CreateRequest, *, store: ResponseStore | None, jobs: JobBoard, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict[str, Any]]:
+    """History items for ``request`` (not including its own input)."""
+    previous = request.previous_response_id
+    conv = conversation_id(request.conversation)
     if previous is not None and conv is not None:
         raise invalid("'previous_response_id' and 'conversation' cannot be used together.", param="previous_response_id")
     if previous is not None:

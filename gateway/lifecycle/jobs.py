@@ -50,12 +50,13 @@ class BackgroundJobs:
         """Admit the job and start its task; the queued object a create answers with."""
         response = generation.response
         response.data["status"] = "queued"
-        reserved = approx_bytes(generation.body) + 4 * (generation.body.get("max_output_tokens") or 1024)
-        job = Job(response, generation, generation.body["input"], own_input, reserved, extra={"owner": generation.owner})
+        request = generation.request
+        reserved = approx_bytes(request.to_json()) + 4 * (request.max_output_tokens or 1024)
+        job = Job(response, generation, request.input, own_input, reserved, extra={"owner": generation.owner})
         jobs = self.stores.jobs
         await jobs.admit(job)  # 429 past the deployment's job or byte limits (before 503)
         try:
-            worker = self.pool.pick(generation.model, routing_key(generation.body, generation.options.session))
+            worker = self.pool.pick(generation.model, routing_key(request, generation.options.session))
         except NoWorker:
             await jobs.withdraw(job)
             raise ApiError(503, f"No worker is serving model '{generation.model}' right now.", code="server_is_overloaded") from None
@@ -102,7 +103,7 @@ class BackgroundJobs:
             if response.status not in TERMINAL:
                 response.cancel() if generation.cancelled else response.fail("server_error", "generation ended without a result")
             try:
-                await self.persistence.persist(response, generation.body, job.own_input, job=job, owner=generation.owner)
+                await self.persistence.persist(response, generation.request, job.own_input, job=job, owner=generation.owner)
             except StoreUnavailable:
                 log.error("background response not stored: the store is unavailable", extra={"response_id": response.id})
             if job.extra.get("taken_over"):

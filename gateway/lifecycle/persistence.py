@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..doors.create_request import CreateRequest
 from ..store.conversations import ConversationFull
 from ..store.lru import OWNER_SHARE
 from ..store.protocols import Job, StoreUnavailable
@@ -21,12 +22,12 @@ class Persistence:
         self.stores = stores
         self.references = references
 
-    def keeps(self, body: dict[str, Any]) -> bool:
-        """Whether a foreground response with this body is stored."""
+    def keeps(self, request: CreateRequest) -> bool:
+        """Whether a foreground response to ``request`` is stored."""
         store = self.stores.responses
-        return store is not None and store.enabled and bool(body.get("store", True))
+        return store is not None and store.enabled and request.store
 
-    async def persist(self, response: ResponseObject, body: dict[str, Any], own_input: list[dict[str, Any]], *, job: Job | None = None, owner: Any = None) -> None:
+    async def persist(self, response: ResponseObject, request: CreateRequest, own_input: list[dict[str, Any]], *, job: Job | None = None, owner: Any = None) -> None:
         """Remember the reasoning, append the turn to its conversation, store the response (for a
         job: store its final object and end the job, in one step).
 
@@ -40,7 +41,7 @@ class Persistence:
         await self.stores.reasoning_echo.remember(snapshot["output"], owner)
         if response.status in ("completed", "incomplete") and snapshot["output"]:
             try:
-                await self._append_turn(body, own_input, snapshot["output"], owner)
+                await self._append_turn(request, own_input, snapshot["output"], owner)
             except StoreUnavailable:
                 if not background:
                     raise
@@ -55,10 +56,10 @@ class Persistence:
         store = self.stores.responses
         if store is None:
             return
-        ephemeral = background and not body.get("store", True)
-        if not body.get("store", True) and not ephemeral:
+        ephemeral = background and not request.store
+        if not request.store and not ephemeral:
             return
-        stored = StoredResponse(snapshot, body["input"], ephemeral=ephemeral, extra={"owner": owner})
+        stored = StoredResponse(snapshot, request.input, ephemeral=ephemeral, extra={"owner": owner})
         # An organization may fill its share of the store (store/lru.py), local mode all of it.
         budget, whose = (store.max_bytes, "the response store's byte budget") if owner is None else (int(OWNER_SHARE * store.max_bytes), "this organization's share of the response store")
         if background and store.size_of(stored) > budget:
@@ -69,15 +70,15 @@ class Persistence:
         if kept and not ephemeral and stored.response is snapshot:
             await self.references.index(owner, list(stored.input_items) + list(snapshot["output"]), ("response", snapshot["id"]))
 
-    async def _append_turn(self, body: dict[str, Any], own_input: list[dict[str, Any]], output: list[dict[str, Any]], owner: Any) -> None:
-        conv = conversation_id(body.get("conversation"))
+    async def _append_turn(self, request: CreateRequest, own_input: list[dict[str, Any]], output: list[dict[str, Any]], owner: Any) -> None:
+        conv = conversation_id(request.conversation)
         if conv is None:
             return
         key = conversation_key(conv, owner)
         output = [{k: v for k, v in i.items() if k != "status"} for i in output]
         if output and output[0].get("type") == "compaction":
             # Auto-compaction rewrote the history: the transcript becomes the compacted one.
-            added = await self.stores.conversations.replace(key, body["input"] + output[1:], conversation_id=conv)
+            added = await self.stores.conversations.replace(key, request.input + output[1:], conversation_id=conv)
         else:
             added = await self.stores.conversations.add_items(key, own_input + output, conversation_id=conv)
         await self.references.index(owner, added, ("conversation", key))

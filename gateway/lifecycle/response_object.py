@@ -9,6 +9,8 @@ from typing import Any
 from kiln.protocol.events import WorkerEvent, is_item_done
 from kiln.protocol.usage import Usage
 
+from ..doors.create_request import CreateRequest
+
 # Fields echoed from the request into every Response object, with their defaults.
 _ECHOED: dict[str, Any] = {
     "frequency_penalty": 0.0,
@@ -56,7 +58,7 @@ class ResponseObject:
     exactly the items a streaming client saw completed, with the same ids and order.
     """
 
-    def __init__(self, response_id: str, body: dict[str, Any], model: str, *, echo_background: bool = False) -> None:
+    def __init__(self, response_id: str, request: CreateRequest, model: str, *, echo_background: bool = False) -> None:
         """``echo_background`` (--echo-background): a foreground response says
         ``"background": false`` too, for clients that hold every Response to OpenAI's schema,
         which requires the key; by default it has no such key, as the spec says."""
@@ -65,7 +67,7 @@ class ResponseObject:
             "object": "response",
             "created_at": int(time.time()),
             "status": "in_progress",
-            "background": bool(body.get("background")),
+            "background": request.background,
             "error": None,
             "incomplete_details": None,
             "model": model,
@@ -76,15 +78,15 @@ class ResponseObject:
             "completed_at": None,
             # One tier is served; whatever a client asked for, this is what ran.
             "service_tier": "default",
-            "store": bool(body.get("store", True)),
-            "text": body.get("text") or {"format": {"type": "text"}},
+            "store": request.store,
+            "text": request.text or {"format": {"type": "text"}},
         }
         for key, default in _ECHOED.items():
-            value = body.get(key)
+            value = getattr(request, key)
             self.data[key] = default if value is None else value
         self.data["tools"] = [_echo_tool(t) for t in self.data["tools"]]
-        if body.get("conversation") is not None:
-            conv = body["conversation"]
+        conv = request.conversation
+        if conv is not None:
             self.data["conversation"] = {"id": conv} if isinstance(conv, str) else {"id": conv.get("id")}
         if not self.data["background"] and not echo_background:
             del self.data["background"]

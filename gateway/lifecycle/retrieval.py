@@ -59,7 +59,7 @@ class Retrieval:
         job, generation, stored = await self._lookup(response_id, owner)
         if job is not None:
             return job.view
-        if generation is not None and generation.body.get("store", True):
+        if generation is not None and generation.request.store:
             return generation.response.snapshot()
         if stored is not None:
             return stored.response
@@ -76,7 +76,7 @@ class Retrieval:
             live = await self._live_elsewhere(response_id, owner)
             if live is None or not live.get("store", True):
                 raise not_found(response_id)
-        if generation is not None and not generation.body.get("store", True):
+        if generation is not None and not generation.request.store:
             raise not_found(response_id)
         reader = await self.stores.events.reader(response_id)
         if reader is None:

@@ -75,7 +75,7 @@ class ResponseRun:
 
         First the ticket's reservation is extended to the input as expanded (402 otherwise)."""
         generation = self.generation
-        await self.ticket.cover(generation.body, self.service.pool.context_window(generation.model) or 0)
+        await self.ticket.cover(generation.request, self.service.pool.context_window(generation.model) or 0)
         await self.service.start_foreground(self.generation)
 
     def events(self) -> AsyncIterator[RunEvent]:

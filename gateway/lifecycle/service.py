@@ -11,9 +11,11 @@ runs, which ``jobs.get`` / ``live.get`` tell and ``cancel_elsewhere`` reaches.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ..doors.create_request import CreateRequest
 from ..doors.options import NO_OPTIONS, DoorOptions
 from ..doors.validation import check_for_model
 from ..http.errors import ApiError, invalid
@@ -68,70 +70,71 @@ class ResponsesService:
         return stats
 
     # -- create ----------------------------------------------------------------------------------
-    async def prepare(self, body: dict[str, Any], owner: Any = None, *, history: list[dict[str, Any]] | None = None, options: DoorOptions = NO_OPTIONS) -> tuple[Generation, list[dict[str, Any]]]:
+    async def prepare(self, request: CreateRequest, owner: Any = None, *, history: list[dict[str, Any]] | None = None, options: DoorOptions = NO_OPTIONS) -> tuple[Generation, list[dict[str, Any]]]:
         """Resolve the model and history; everything that can refuse the request happens here.
 
-        ``body``: client fields only (``validate_create``); ``options``: what the door decided.
+        ``request``: client fields only (``validate_create``); ``options``: what the door decided.
         ``history``: what ``previous_response_id`` names, already resolved by the door (a
-        WebSocket connection's own state); None resolves it from the stores."""
-        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
-        body["model"] = model
+        WebSocket connection's own state); None resolves it from the stores. The generation holds
+        the request completed: the served model, the history expanded, ``max_output_tokens``
+        capped where the door asked for it."""
+        model = self.pool.require(request.model)  # 404, or 503 while its worker restarts
         window = self.pool.context_window(model)
-        if options.cap_to_window and window and (body.get("max_output_tokens") or 0) > window:
-            body["max_output_tokens"] = window
-        check_for_model(body, window)
-        check_sampling(body)
-        if body["background"]:
+        cap = window if options.cap_to_window and window and (request.max_output_tokens or 0) > window else request.max_output_tokens
+        request = dataclasses.replace(request, model=model, max_output_tokens=cap)
+        check_for_model(request, window)
+        check_sampling(request)
+        if request.background:
             self.jobs.check_allowed()
-        own_input = await self.references.own_input(body["input"], owner)
+        own_input = await self.references.own_input(request.input, owner)
         if history is None:
-            history = await self._history(body, owner)
-        body["input"] = await self.stores.reasoning_echo.restore(history + own_input, owner)
-        if not body["input"]:
+            history = await self._history(request, owner)
+        request = request.with_input(await self.stores.reasoning_echo.restore(history + own_input, owner))
+        if not request.input:
             raise invalid("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
         generation = Generation(
             self.pool,
-            ResponseObject(new_response_id(), body, model, echo_background=self.settings.echo_background),
-            body,
+            ResponseObject(new_response_id(), request, model, echo_background=self.settings.echo_background),
+            request,
             model,
             options=options,
             owner=owner,
-            wire_input=compaction.expand_items(body["input"]),
-            compact_threshold=compaction.compaction_settings(body),
+            wire_input=compaction.expand_items(request.input),
+            compact_threshold=compaction.compaction_settings(request.context_management),
             first_event_timeout_s=self.settings.first_event_timeout_s,
             event_timeout_s=self.settings.event_timeout_s,
-            item_hook=self.references.seal_reasoning if "reasoning.encrypted_content" in (body.get("include") or []) else None,
+            item_hook=self.references.seal_reasoning if "reasoning.encrypted_content" in request.include else None,
         )
         check_call_outputs(generation.wire_input)
         return generation, own_input
 
-    async def count_input_tokens(self, body: dict[str, Any], owner: Any = None, options: DoorOptions = NO_OPTIONS) -> int:
-        """The prompt's length in tokens, rendered as a create with the same body would be
+    async def count_input_tokens(self, request: CreateRequest, owner: Any = None, options: DoorOptions = NO_OPTIONS) -> int:
+        """The prompt's length in tokens, rendered as a create with the same request would be
         (history, item references, sealed reasoning, the reasoning echo, compaction items): the
         one counter behind ``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens``."""
-        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
-        body = {**body, "model": model}
-        history = await self._history(body, owner)
-        own = self.references.unseal(await self.references.resolve(body["input"], owner))
+        model = self.pool.require(request.model)  # 404, or 503 while its worker restarts
+        request = dataclasses.replace(request, model=model)
+        history = await self._history(request, owner)
+        own = self.references.unseal(await self.references.resolve(request.input, owner))
         items = compaction.expand_items(await self.stores.reasoning_echo.restore(history + own, owner))
-        return await count_tokens(self.pool, {**body, "input": items}, model, self.settings.first_event_timeout_s, options)
+        return await count_tokens(self.pool, request, items, model, self.settings.first_event_timeout_s, options)
 
-    async def _history(self, body: dict[str, Any], owner: Any) -> list[dict[str, Any]]:
+    async def _history(self, request: CreateRequest, owner: Any) -> list[dict[str, Any]]:
         """What ``previous_response_id`` and ``conversation`` name, from the stores."""
-        return await expand(body, store=self.stores.responses, jobs=self.stores.jobs, conversations=self.stores.conversations, store_mode=self.settings.store_mode, owner=owner)
+        return await expand(request, store=self.stores.responses, jobs=self.stores.jobs, conversations=self.stores.conversations, store_mode=self.settings.store_mode, owner=owner)
 
-    async def compact_endpoint(self, body: dict[str, Any], keep_tokens: Any = None, owner: Any = None) -> dict[str, Any]:
+    async def compact_endpoint(self, request: CreateRequest, keep_tokens: Any = None, owner: Any = None) -> dict[str, Any]:
         """``POST /v1/responses/compact`` (the route refused stream and history fields): nothing
         is stored; ``item_reference`` items are resolved as on create. ``keep_tokens``: the
         endpoint's own field, as the client sent it (None: the model's default)."""
-        model = self.pool.require(body["model"])  # 404, or 503 while its worker restarts
+        model = self.pool.require(request.model)  # 404, or 503 while its worker restarts
         window = self.pool.context_window(model) or 0
         keep = compaction.default_keep_tokens(window) if keep_tokens is None else keep_tokens
         if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
             raise invalid("Invalid 'keep_tokens': expected an integer above 0.", param="keep_tokens")
-        max_out = body.get("max_output_tokens") or compaction.DEFAULT_MAX_OUTPUT_TOKENS
-        body = {**body, "model": model, "input": await self.references.own_input(body["input"], owner)}
-        result = await compaction.compact(self.pool, body, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s, owner=owner)
+        max_out = request.max_output_tokens or compaction.DEFAULT_MAX_OUTPUT_TOKENS
+        request = dataclasses.replace(request, model=model, input=await self.references.own_input(request.input, owner))
+        result = await compaction.compact(self.pool, request, model, keep_tokens=keep, max_output_tokens=max_out, timeout_s=self.settings.first_event_timeout_s, owner=owner)
         return compaction.compact_resource(result, model)
 
     async def start_foreground(self, generation: Generation) -> None:
@@ -140,7 +143,7 @@ class ResponsesService:
         # Registered before any worker is asked (compaction included), so that a cancel on another
         # replica reaches it; a stored response refuses to start when the store is down (it could
         # not be kept).
-        await self.stores.live.add(rid, generation.owner, generation.response.snapshot(), required=self.persistence.keeps(generation.body))
+        await self.stores.live.add(rid, generation.owner, generation.response.snapshot(), required=self.persistence.keeps(generation.request))
         try:
             await compaction.compaction_phase(self.pool, generation, self.settings.first_event_timeout_s)
             await generation.open()
@@ -159,7 +162,7 @@ class ResponsesService:
         await self.stores.live.discard(response.id)
         refusal: ApiError | None = None
         try:
-            await self.persistence.persist(response, generation.body, own_input, owner=generation.owner)
+            await self.persistence.persist(response, generation.request, own_input, owner=generation.owner)
         except StoreUnavailable as error:
             refusal = error
             if response.status in ("completed", "incomplete"):
@@ -175,6 +178,6 @@ class ResponsesService:
     def stream_recorder(self, generation: Generation) -> Callable[[dict[str, Any]], None] | None:
         """Where a stored foreground stream records its numbered events, so that streamed
         retrieval can follow it while it runs; None when it is not stored."""
-        if not self.persistence.keeps(generation.body):
+        if not self.persistence.keeps(generation.request):
             return None
         return self.stores.events.open(generation.response.id, generation.owner).keep

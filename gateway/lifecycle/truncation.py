@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..doors.create_request import CreateRequest
 from ..doors.options import NO_OPTIONS, DoorOptions
 from ..http.errors import ApiError
 from ..pool.workers import WorkerPool
@@ -23,13 +24,13 @@ from .generation import count_tokens
 Count = Callable[[list[dict[str, Any]]], Awaitable[int]]
 
 
-def worker_count(pool: WorkerPool, body: dict[str, Any], model: str, timeout_s: float | None, options: DoorOptions = NO_OPTIONS) -> Count:
-    """Count ``body`` with other input on a worker; an input the worker refuses as longer than
+def worker_count(pool: WorkerPool, request: CreateRequest, model: str, timeout_s: float | None, options: DoorOptions = NO_OPTIONS) -> Count:
+    """Count ``request`` with other input on a worker; an input the worker refuses as longer than
     the window counts as too long (it answers that before tokenizing a provably long one)."""
 
     async def count(items: list[dict[str, Any]]) -> int:
         try:
-            return await count_tokens(pool, {**body, "input": items}, model, timeout_s, options)
+            return await count_tokens(pool, request, items, model, timeout_s, options)
         except ApiError as exc:
             if exc.status == 400 and exc.code == "context_length_exceeded":
                 return sys.maxsize

@@ -2,9 +2,9 @@
 
 Every door (Responses over HTTP or WebSocket, Chat Completions, legacy Completions, Anthropic
 Messages) turns its request into a Responses create body, which ``validation.validate_create``
-checks and ``ResponsesService.prepare`` completes (model resolved, history expanded). What the
-worker is sent, for ``Generate``, ``CountTokens`` and ``Compact`` alike, is built here from that
-body and the input items as the worker renders them (compaction items expanded): tools
+checks into a ``CreateRequest`` and ``ResponsesService.prepare`` completes (model resolved,
+history expanded). What the worker is sent, for ``Generate``, ``CountTokens`` and ``Compact``
+alike, is built here from that request and the input items as the worker renders them (compaction items expanded): tools
 flattened with their namespace, the tool mode, the text format, sampling (range-checked by
 ``kiln.protocol.request``'s constructors), the cache key.
 
@@ -34,6 +34,7 @@ from kiln.protocol.request import (
     ToolSpec,
 )
 
+from ..doors.create_request import CreateRequest
 from ..doors.options import NO_OPTIONS, DoorOptions
 from ..http.errors import ApiError, invalid
 
@@ -41,35 +42,34 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 SAMPLING_FIELDS = ("temperature", "top_p", "top_logprobs", "seed", "max_output_tokens", "presence_penalty", "frequency_penalty")
 
 
-def worker_request(body: Mapping[str, Any], items: Sequence[Mapping[str, Any]] | None = None, options: DoorOptions = NO_OPTIONS) -> GenerateRequest:
-    """The request for ``body`` (client fields) and ``options`` (the door's decisions); ``items``
-    replaces ``body["input"]`` (the expanded form).
+def worker_request(request: CreateRequest, items: Sequence[Mapping[str, Any]] | None = None, options: DoorOptions = NO_OPTIONS) -> GenerateRequest:
+    """The worker's request for ``request`` (client fields) and ``options`` (the door's
+    decisions); ``items`` replaces ``request.input`` (the expanded form).
 
     Raises ApiError(400) naming the parameter for a value the worker could not honour."""
     try:
         return GenerateRequest(
-            model=_model(body),
-            input=input_items(body.get("input") or [] if items is None else items),
-            instructions=body.get("instructions"),
-            tools=tool_specs(body.get("tools") or []),
-            tool_choice=ToolChoice.from_api(body.get("tool_choice")),
-            parallel_tool_calls=body.get("parallel_tool_calls") is not False,
-            max_tool_calls=body.get("max_tool_calls"),
-            text_format=text_format(body.get("text")),
-            sampling=sampling(body, warm_up=options.warm_up),
-            cache_key=body.get("prompt_cache_key"),
+            model=request.model,
+            input=input_items(request.input if items is None else items),
+            instructions=request.instructions,
+            tools=tool_specs(request.tools),
+            tool_choice=ToolChoice.from_api(request.tool_choice),
+            parallel_tool_calls=request.parallel_tool_calls,
+            max_tool_calls=request.max_tool_calls,
+            text_format=text_format(request.text),
+            sampling=sampling(request, warm_up=options.warm_up),
+            cache_key=request.prompt_cache_key,
             raw_prompt=options.raw_prompt,
         )
     except InvalidParam as exc:
         raise refusal(exc) from None
 
 
-def check_sampling(body: Mapping[str, Any]) -> None:
+def check_sampling(request: CreateRequest) -> None:
     """Refuse bad sampling values when the request is prepared, before compaction or any other
-    work on its behalf (the request itself is built when it is sent, from the body as it then
-    stands)."""
+    work on its behalf (the worker's request is built when it is sent)."""
     try:
-        sampling(body)
+        sampling(request)
     except InvalidParam as exc:
         raise refusal(exc) from None
 
@@ -78,21 +78,13 @@ def refusal(exc: InvalidParam) -> ApiError:
     return invalid(exc.message, param=exc.param)
 
 
-def _model(body: Mapping[str, Any]) -> str:
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise InvalidParam("model", "Missing required parameter: 'model'.")
-    return model
-
-
-def sampling(body: Mapping[str, Any], *, warm_up: bool = False) -> Sampling:
-    """The body's sampling settings; unset fields take the protocol's defaults (the worker's
+def sampling(request: CreateRequest, *, warm_up: bool = False) -> Sampling:
+    """The request's sampling settings; unset fields take the protocol's defaults (the worker's
     default ``max_output_tokens``). A warm-up asks for one token: the prefill is what it is for."""
-    given = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+    given = {name: value for name in SAMPLING_FIELDS if (value := getattr(request, name)) is not None}
     if warm_up:
         given["max_output_tokens"] = 1
-    include = body.get("include") or []
-    logprobs = bool(given.get("top_logprobs")) or (isinstance(include, list) and LOGPROBS_INCLUDE in include)
+    logprobs = bool(given.get("top_logprobs")) or LOGPROBS_INCLUDE in request.include
     return Sampling(**given, logprobs=logprobs)
 
 

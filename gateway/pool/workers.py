@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ from kiln.protocol.capabilities import Capabilities
 from kiln.protocol.security import derive_keys, secure_gateway_socket
 from kiln.protocol.usage import Usage, count_or_zero, is_count
 
+from ..doors.create_request import CreateRequest
 from ..http.errors import ApiError
 from ..lifecycle.tasks import stop_tasks
 from . import rendezvous
@@ -235,10 +236,10 @@ class Channel:
 SESSION_HEADERS = ("session-id", "session_id", "x-session-id")
 
 
-def routing_key(body: Mapping[str, Any], session: str | None = None) -> str | None:
+def routing_key(request: CreateRequest, session: str | None = None) -> str | None:
     """What keeps a conversation on one worker: ``prompt_cache_key``, else the door's session
     (a session header: Codex sends ``session-id`` on every turn; a WebSocket connection)."""
-    return body.get("prompt_cache_key") or session
+    return request.prompt_cache_key or session
 
 
 class NoWorker(Exception):

@@ -16,6 +16,7 @@ from kiln.gateway.doors.anthropic.translate import (
     MessageTranslator,
     to_responses_body,
 )
+from kiln.gateway.doors.create_request import CreateRequest
 from kiln.gateway.doors.stop import StopCutter
 from kiln.gateway.doors.validation import validate_create
 from kiln.gateway.http.app import create_app
@@ -36,7 +37,7 @@ def parse_event(event: dict):
     return EVENT.validate_python(event)
 
 
-def _translate(raw: dict) -> dict:
+def _translate(raw: dict) -> CreateRequest:
     spec = to_responses_body(raw)
     return validate_create(spec.body)
 
@@ -67,16 +68,16 @@ def test_a_full_conversation_translates_into_a_valid_responses_body():
             "metadata": {"user_id": "u1"},
         }
     )
-    assert body["instructions"] == "Be brief.\nBe kind."
-    assert body["max_output_tokens"] == 50 and body["temperature"] == 0.5 and body["store"] is False
-    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
-    assert body["tools"] == [{"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "description": "Weather"}]
-    assert [i["type"] for i in body["input"]] == ["message", "reasoning", "message", "function_call", "function_call_output", "message"]
-    call, result = body["input"][3], body["input"][4]
+    assert body.instructions == "Be brief.\nBe kind."
+    assert body.max_output_tokens == 50 and body.temperature == 0.5 and body.store is False
+    assert body.tool_choice == "required" and body.parallel_tool_calls is False
+    assert body.tools == [{"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "description": "Weather"}]
+    assert [i["type"] for i in body.input] == ["message", "reasoning", "message", "function_call", "function_call_output", "message"]
+    call, result = body.input[3], body.input[4]
     assert (call["call_id"], call["name"], json.loads(call["arguments"])) == ("toolu_1", "weather", {"city": "Paris"})
     assert (result["call_id"], result["output"]) == ("toolu_1", "18C")
-    assert body["input"][1]["encrypted_content"] == "sig"
-    assert "top_k" not in body  # accepted, not applied: the sampler has no top-k
+    assert body.input[1]["encrypted_content"] == "sig"
+    assert "top_k" not in body.to_json()  # accepted, not applied: the sampler has no top-k
 
 
 # The shape of Claude Code 2.1.332's first request of a prompt (beta header
@@ -100,10 +101,10 @@ def test_a_mid_conversation_system_message_is_a_system_turn_at_its_place():
     from kiln.worker.prompt import to_messages
 
     body = _translate(MID_CONVERSATION_SYSTEM)
-    assert [(i["type"], i["role"]) for i in body["input"]] == [("message", "user"), ("message", "system")]
-    assert body["input"][1]["content"] == "The tools changed: Bash is now available."
-    items = [InputMessage(i["role"], (ContentPart("input_text", i["content"] if isinstance(i["content"], str) else i["content"][0]["text"]),)) for i in body["input"]]
-    rendered = to_messages(body["instructions"], items, tool_markup=True)
+    assert [(i["type"], i["role"]) for i in body.input] == [("message", "user"), ("message", "system")]
+    assert body.input[1]["content"] == "The tools changed: Bash is now available."
+    items = [InputMessage(i["role"], (ContentPart("input_text", i["content"] if isinstance(i["content"], str) else i["content"][0]["text"]),)) for i in body.input]
+    rendered = to_messages(body.instructions, items, tool_markup=True)
     assert [m["role"] for m in rendered] == ["system", "user", "system"]
     assert rendered[2]["content"] == "The tools changed: Bash is now available."
 

@@ -35,13 +35,13 @@ def test_roles_tools_and_results_become_items():
         "metadata": {"a": "b"},
     })
     body = validate_create(chat.body)
-    assert [i["type"] for i in body["input"]] == ["message", "message", "message", "function_call", "function_call_output"]
-    assert body["input"][1] == {"type": "message", "role": "developer", "content": "Use tools."}
-    assert body["input"][3]["call_id"] == "call_1" and body["input"][4]["output"] == "sunny"
-    assert body["tools"][0]["name"] == "get_weather" and "strict" not in body["tools"][0]
-    assert body["tool_choice"] == {"type": "function", "name": "get_weather"}
-    assert body["parallel_tool_calls"] is False and body["store"] is False
-    assert body["max_output_tokens"] == 10 and body["metadata"] == {"a": "b"}
+    assert [i["type"] for i in body.input] == ["message", "message", "message", "function_call", "function_call_output"]
+    assert body.input[1] == {"type": "message", "role": "developer", "content": "Use tools."}
+    assert body.input[3]["call_id"] == "call_1" and body.input[4]["output"] == "sunny"
+    assert body.tools[0]["name"] == "get_weather" and "strict" not in body.tools[0]
+    assert body.tool_choice == {"type": "function", "name": "get_weather"}
+    assert body.parallel_tool_calls is False and body.store is False
+    assert body.max_output_tokens == 10 and body.metadata == {"a": "b"}
 
 
 def test_format_logprobs_and_limits():
@@ -53,12 +53,12 @@ def test_format_logprobs_and_limits():
         "stream": True, "stream_options": {"include_usage": True},
     })
     body = validate_create(chat.body)
-    assert body["text"]["format"]["type"] == "json_schema" and body["text"]["format"]["name"] == "p"
-    assert body["max_output_tokens"] == 7
-    assert body["include"] == ["message.output_text.logprobs"] and body["top_logprobs"] == 2
+    assert body.text["format"]["type"] == "json_schema" and body.text["format"]["name"] == "p"
+    assert body.max_output_tokens == 7
+    assert body.include == ["message.output_text.logprobs"] and body.top_logprobs == 2
     assert chat.stop == ["\n", "END"] and chat.stream and chat.include_usage and chat.logprobs
     assert validate_create(translate_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
-        "response_format": {"type": "json_object"}}).body)["text"] == {"format": {"type": "json_object"}}
+        "response_format": {"type": "json_object"}}).body).text == {"format": {"type": "json_object"}}
 
 
 @pytest.mark.parametrize("extra, param", [

@@ -15,6 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from kiln.gateway.doors.create_request import CreateRequest
 from kiln.gateway.lifecycle.generation import Generation, GenerationFailed
 from kiln.gateway.lifecycle.response_object import ResponseObject
 from kiln.gateway.pool import rendezvous
@@ -167,8 +168,8 @@ def serve(req_id: str) -> list:
 
 
 async def run_generation(pool: WorkerPool, key: str) -> Generation:
-    body = {"model": MODEL, "input": [], "prompt_cache_key": key}
-    generation = Generation(pool, ResponseObject("resp_1", body, MODEL), body, MODEL)
+    request = CreateRequest(model=MODEL, prompt_cache_key=key)
+    generation = Generation(pool, ResponseObject("resp_1", request, MODEL), request, MODEL)
     await generation.open()
     async for _ in generation.events():
         pass

@@ -61,7 +61,7 @@ def test_auto_is_refused_unless_the_gateway_allows_it():
     with pytest.raises(ApiError) as err:
         validate_create({"model": "m", "input": "hi", "truncation": "auto"})
     assert err.value.status == 400 and err.value.param == "truncation"
-    assert validate_create({"model": "m", "input": "hi", "truncation": "auto"}, truncation_auto=True)["truncation"] == "auto"
+    assert validate_create({"model": "m", "input": "hi", "truncation": "auto"}, truncation_auto=True).truncation == "auto"
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,12 @@ async def create_response(request: Request) -> Response:
     opening: dict[str, Any] = {}
 
     async def make_run() -> ResponseRun | Response:
-        body = validated(request, raw)
-        generation, own_input = await service.prepare(body, _owner(request), options=options(request))
-        if body["background"]:
+        create = validated(request, raw)
+        generation, own_input = await service.prepare(create, _owner(request), options=options(request))
+        if create.background:
             return JSONResponse(await service.jobs.start(generation, own_input))
         opening.update(generation.response.snapshot())  # as it stands before any compaction work
-        return ResponseRun(service, generation, own_input, ticket, streaming=body["stream"])
+        return ResponseRun(service, generation, own_input, ticket, streaming=create.stream)
 
     run = await start_run(ticket, watch, make_run)
     if isinstance(run, Response):
@@ -96,13 +96,13 @@ async def compact_response(request: Request) -> Response:
         for key in ("stream", "previous_response_id", "conversation"):
             if raw.get(key) not in (None, False):
                 raise invalid(f"'{key}' is not supported by /responses/compact; send the full history in 'input'.", param=key)
-        body = validate_create(raw, hosted_tools=settings.hosted_tools)
+        create = validate_create(raw, hosted_tools=settings.hosted_tools)
         max_out = raw.get("max_output_tokens")
         if max_out is not None and (isinstance(max_out, bool) or not isinstance(max_out, int) or not 1 <= max_out <= 16384):
             raise invalid("Invalid 'max_output_tokens': expected 1 to 16384.", param="max_output_tokens")
         watch = DisconnectWatch(request)
         try:
-            resource = await while_connected(watch, _service(request).compact_endpoint(body, raw.get("keep_tokens"), _owner(request)))
+            resource = await while_connected(watch, _service(request).compact_endpoint(create, raw.get("keep_tokens"), _owner(request)))
         finally:
             await watch.stop()
         cost = await ticket.settle("completed", resource.get("usage"))

@@ -36,6 +36,7 @@ from ...lifecycle.admission import admit
 from ...lifecycle.generation import GenerationFailed, terminal_event
 from ...lifecycle.response_object import ResponseObject
 from ...lifecycle.run import ResponseRun
+from ..create_request import CreateRequest
 from ..framing import ResponseFramer, frames
 from ..options import DoorOptions
 from ..serving import session as door_session
@@ -266,12 +267,11 @@ class Session:
             generate = True
         if not isinstance(generate, bool):
             raise invalid("Invalid 'generate': expected a boolean.", param="generate")
-        body["stream"] = True
-        return body, generate
+        return {**body, "stream": True}, generate
 
-    def _history(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    def _history(self, create: CreateRequest) -> list[dict[str, Any]] | None:
         """The connection's own history for ``previous_response_id``; None: ask the stores."""
-        previous = body.get("previous_response_id")
+        previous = create.previous_response_id
         if previous is None:
             return None
         history = self.state.history(previous)
@@ -313,12 +313,12 @@ class Session:
             await self._refused(error, previous)
             return
         try:
-            body = _validated(self.ws, body)
+            create = _validated(self.ws, body)
             # All turns go to the worker of the first; a warm-up (generate: false) prefills the
             # prompt into that worker's cache and its one token is dropped.
             options = DoorOptions(session=door_session(self.ws) or f"ws-{self.id}", warm_up=not generate)
-            history = self._history(body)
-            generation, own_input = await self.service.prepare(body, self.owner, history=history, options=options)
+            history = self._history(create)
+            generation, own_input = await self.service.prepare(create, self.owner, history=history, options=options)
             run = ResponseRun(self.service, generation, own_input, ticket, streaming=True)
             opening = generation.response.snapshot()
             await run.start()
@@ -346,7 +346,7 @@ class Session:
 
         def keep_or_forget() -> None:  # the connection's state, before the client sees the end
             if response.status in ("completed", "incomplete"):
-                self.state.remember(response.id, run.generation.body["input"], response.data["output"])
+                self.state.remember(response.id, run.generation.request.input, response.data["output"])
             elif previous is not None:
                 self.state.forget(previous)
 
@@ -383,13 +383,13 @@ class Session:
             await asyncio.wait({drain}, timeout=WARM_UP_ANSWER_S)
             if not drain.done():
                 early = True
-                self.state.remember(response.id, run.generation.body["input"], [])
+                self.state.remember(response.id, run.generation.request.input, [])
                 await self._send(seq.stamp({"type": "response.completed", "response": early_warm_up(response, run.generation.delivered_usage)}))
                 await drain
             as_warm_up(response)
             await run.finish()
             if response.status in ("completed", "incomplete"):
-                self.state.remember(response.id, run.generation.body["input"], response.data["output"])
+                self.state.remember(response.id, run.generation.request.input, response.data["output"])
             elif not early:
                 self.state.forget(response.id)
                 if previous is not None:

@@ -57,7 +57,7 @@ class RedisJobBoard:
     @guarded
     async def admit(self, job: Job) -> None:
         rid = job.response.id
-        ephemeral = not job.generation.body.get("store", True)
+        ephemeral = not job.generation.request.store
         verdict = await self.ctx.run(
             scripts.JOB_ADMIT, self.ctx.keys.ns, rid, self.ctx.replica, dumps({"owner": job.owner, "ephemeral": ephemeral}),
             dumps(job_view(job.response)), dumps(job.input_items), job.reserved_bytes, self.max_jobs, self.max_bytes, self.valid_ms,
