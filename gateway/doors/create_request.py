@@ -1,14 +1,11 @@
 """The create request as the gateway holds it once ``validation.validate_create`` accepted it.
 
-One frozen value per request, typed at the top level: what a door, the service, persistence and
-the worker request read are attributes, and a step that changes the request (the model resolved,
-the history expanded, a server default applied, compaction) makes a new value with
-``dataclasses.replace`` or ``with_input``, so no later step sees an earlier one's edit by surprise.
-The API objects inside (``input`` items, ``tools``, ``text``, ``reasoning``, ``metadata``) stay JSON
-maps: they are echoed and stored as the client wrote them.
-
-What a door decides (a raw prompt, a session key, a warm-up) is not here but in
-``options.DoorOptions``: nothing a client sends can reach it.
+One frozen value, typed at the top level: a step that changes the request (model resolved,
+history expanded, a server default, compaction) makes a new one (``dataclasses.replace``,
+``with_input``), so no step sees another's edit by surprise. The API objects inside (``input``
+items, ``tools``, ``text``, ``reasoning``, ``metadata``) stay JSON maps, echoed and stored as the
+client wrote them. What a door decides (raw prompt, session, warm-up) is ``options.DoorOptions``,
+never an attribute here.
 """
 
 from __future__ import annotations
@@ -30,16 +27,11 @@ DROPPED_FIELDS = frozenset({"service_tier", "user", "moderation", "prompt", "pro
 
 @dataclass(frozen=True)
 class CreateRequest:
-    """A validated ``POST /v1/responses`` body (or a WebSocket ``response.create``, or what the
-    Chat, Completions and Messages doors translate theirs into).
-
-    ``input`` is always a list of items; the booleans carry the API's defaults. Echoed into the
-    Response object (``lifecycle/response_object.py``): the sampling fields, ``instructions``,
-    ``max_output_tokens``, ``max_tool_calls``, ``metadata``, ``parallel_tool_calls``,
-    ``previous_response_id``, ``prompt_cache_key``, ``reasoning``, ``safety_identifier``,
-    ``tool_choice``, ``tools``, ``truncation``, ``text``, ``store``, ``background``,
-    ``conversation``. Read, not echoed: ``include``, ``stream``, ``context_management`` (checked
-    when prepared, ``compaction.compaction_settings``)."""
+    """A validated ``POST /v1/responses`` body (or WebSocket ``response.create``, or what another
+    door translated its request into): ``input`` always a list of items, the booleans with the
+    API's defaults. What the Response object echoes is ``response_object._ECHOED``'s; read, not
+    echoed: ``include``, ``stream``, ``context_management`` (checked when prepared,
+    ``compaction.compaction_settings``)."""
 
     model: str
     input: list[JsonObject] = field(default_factory=list)
