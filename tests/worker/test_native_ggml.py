@@ -102,9 +102,8 @@ def test_dequantize_is_gguf_py_bit_for_bit(kernel, qtype, scales):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("scales", ["random", "max", "min", "zero", "zeros", "ones"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])
-def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows):
+def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows, k=768):
     rng = np.random.default_rng(2 + rows)
-    k = 768
     b = blocks(rng, qtype, 13, k, scales)
     w = quants.dequantize(b, qtype).astype(np.float64)
     x = rng.standard_normal((rows, k)).astype(np.float32)
@@ -116,6 +115,15 @@ def test_product_is_the_reference_product_of_the_rounded_activations(kernel, qty
     assert np.all(np.abs(y - xr @ w.T) <= slack)
     # Against the exact activations: each is off by at most half its block's scale.
     assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= slack + (d / 2) @ np.abs(w).T * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] == 32], ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", ["random", "max", "ones"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_product_of_rows_not_a_multiple_of_256_wide(kernel, qtype, scales, rows):
+    """The 32-weight block types take eight blocks at a time where a row is a multiple of 256
+    wide, and one at a time otherwise (800 = 25 blocks): both are the reference product."""
+    test_product_is_the_reference_product_of_the_rounded_activations(kernel, qtype, scales, rows, k=800)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

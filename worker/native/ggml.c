@@ -32,8 +32,10 @@
  * every 32 values have their own, which is finer). The dequantization below computes w_l in
  * that order in float32, as gguf-py's reference does, so it is bit-exact with it.
  *
- * Included by decode.c after its activation struct; the AVX2 loops serve the AVX2, AVX-VNNI and
- * AVX-512 VNNI builds (the latter two through vpdpbusd), portable C the others.
+ * Included by decode.c after its activation struct. The AVX-512 VNNI build takes eight groups at
+ * a time in 512-bit loops (ggml_tile_k512: Q4_K, Q5_K, Q6_K; ggml_tile_b512: the 32-weight block
+ * types); the AVX2 loops serve the AVX2 and AVX-VNNI builds (vpdpbusd on the latter), and on the
+ * AVX-512 build IQ4_XS and block rows not a multiple of 256 wide; portable C the others.
  */
 
 enum {
@@ -217,6 +219,23 @@ void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *
  * kiln_ggml_dequant does: dequantize-then-multiply up to the order of float sums, reading W
  * once for all M rows. mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
  * reference the native pass is checked against, without a float copy of W. */
+/* R rows of x (R a constant where it is inlined, so that their sums can stay in registers)
+ * against one row of W. */
+static inline __attribute__((always_inline)) void exact_rows(const int R, int type, const uint8_t *row, int K, const float *x, float *y, long ldy) {
+    float acc[KILN_QMM_MAX_ROWS][32] = {{0}};
+    float w[32];
+    for (int g = 0; g < K / 32; g++) {
+        ggml_dequant_group(type, row, g, w);
+        for (int m = 0; m < R; m++)
+            for (int l = 0; l < 32; l++) acc[m][l] += w[l] * x[(size_t)m * K + g * 32 + l];
+    }
+    for (int m = 0; m < R; m++) {
+        float t = 0.f;
+        for (int l = 0; l < 32; l++) t += acc[m][l];
+        y[m * ldy] = t;
+    }
+}
+
 int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
     long rb = kiln_ggml_row_bytes(type, K);
     if (M < 1 || rb < 0) return -1;
@@ -225,22 +244,11 @@ int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const 
     for (int o = 0; o < N; o++) {
         const uint8_t *row = q + (size_t)o * rb;
         for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS) {
-            int rows = M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS;
-            float acc[KILN_QMM_MAX_ROWS][32];
-            memset(acc, 0, sizeof acc);
-            float w[32];
-            for (int g = 0; g < K / 32; g++) {
-                ggml_dequant_group(type, row, g, w);
-                for (int m = 0; m < rows; m++) {
-                    const float *xm = x + (size_t)(m0 + m) * K + g * 32;
-                    for (int l = 0; l < 32; l++) acc[m][l] += w[l] * xm[l];
-                }
-            }
-            for (int m = 0; m < rows; m++) {
-                float t = 0.f;
-                for (int l = 0; l < 32; l++) t += acc[m][l];
-                y[(size_t)(m0 + m) * N + o] = t;
-            }
+            const float *xm = x + (size_t)m0 * K;
+            float *ym = y + (size_t)m0 * N + o;
+#define KILN_EXACT(n) case n: exact_rows(n, type, row, K, xm, ym, N); break;
+            switch (M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS) { KILN_EXACT(1) KILN_EXACT(2) KILN_EXACT(3) KILN_EXACT(4) KILN_EXACT(5) KILN_EXACT(6) KILN_EXACT(7) KILN_EXACT(8) }
+#undef KILN_EXACT
         }
     }
     return 0;
@@ -366,7 +374,7 @@ static inline __m256 bytes8_ps(uint64_t v, int is_signed) {
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
-/* Q4_K and Q6_K a super-block at a time with 256-bit integer dot products (AVX2's maddubs,
+/* Q4_K, Q5_K and Q6_K a super-block at a time with 256-bit integer dot products (AVX2's maddubs,
  * AVX-VNNI's vpdpbusd): ggml_tile_k512's scheme (see there) at half the width, one group of 32
  * weights per vector. */
 static inline __attribute__((always_inline)) void ggml_tile_k256(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, float *y, long ldy) {
@@ -374,21 +382,27 @@ static inline __attribute__((always_inline)) void ggml_tile_k256(const int M, co
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(0x30);
     const __m256i lo_pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_pairs = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    const int q4 = type == KILN_Q4_K;
-    const long bytes = q4 ? 144 : 210;
+    const int q4 = type == KILN_Q4_K || type == KILN_Q5_K, q5 = type == KILN_Q5_K; /* q4: scales and mins */
+    const long bytes = q5 ? 176 : q4 ? 144 : 210;
+    const __m256i bit4 = _mm256_set1_epi8(16);
     for (int sb = 0; sb < K / 256; sb++) {
         const uint8_t *b = row + (size_t)sb * bytes;
         __m256i u[8];
-        __m256 wsc0, wsc1 = _mm256_setzero_ps(), wmn = _mm256_setzero_ps(); /* Q4_K: d * sc and dmin * m per group; Q6_K: d * sc per 16 (two halves) */
+        __m256 wsc0, wsc1 = _mm256_setzero_ps(), wmn = _mm256_setzero_ps(); /* Q4_K/Q5_K: d * sc and dmin * m per group; Q6_K: d * sc per 16 (two halves) */
         if (q4) {
             uint64_t scb, mnb;
             q4k_scales(b + 4, &scb, &mnb);
             wsc0 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), bytes8_ps(scb, 0));
             wmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), bytes8_ps(mnb, 0));
+            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256(); /* Q5_K: bit j of byte l, weight l of group j */
             for (int c = 0; c < 4; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + (q5 ? 48 : 16) + 32 * c));
                 u[2 * c] = _mm256_and_si256(v, low4);
                 u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                if (q5) {
+                    u[2 * c] = _mm256_or_si256(u[2 * c], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c), 4), bit4));
+                    u[2 * c + 1] = _mm256_or_si256(u[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c + 1), 4), bit4));
+                }
             }
         } else {
             const __m256 d = _mm256_set1_ps(f16_at(b + 208));
@@ -413,7 +427,7 @@ static inline __attribute__((always_inline)) void ggml_tile_k256(const int M, co
             const __m256 dx = _mm256_loadu_ps(a->gd + r * a->gd_ld + g0);
             const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g0;
             const __m256 is0 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)is)), is1 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(is + 8)));
-            if (q4) { /* lanes of group g: d * sc_g * dx_g; mins per 16: dmin * m * dx */
+            if (q4) { /* Q4_K, Q5_K lanes of group g: d * sc_g * dx_g; mins per 16: dmin * m * dx */
                 const __m256 cf = _mm256_mul_ps(wsc0, dx), mn = _mm256_mul_ps(wmn, dx);
                 cor[m] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mn, lo_pairs), is0, cor[m]);
                 cor[m] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mn, hi_pairs), is1, cor[m]);
@@ -449,7 +463,7 @@ static inline __m512i spread_idx(int base, int per) {
     return _mm512_loadu_si512(v);
 }
 
-/* Q4_K and Q6_K with 512-bit integer dot products, a super-block (256 weights) at a time.
+/* Q4_K, Q5_K and Q6_K with 512-bit integer dot products, a super-block (256 weights) at a time.
  *
  * Why: the generic loop below (one group of 32 at a time, 256-bit) spent most of its time on
  * scalar work per group (unpacking the 6-bit scales and converting float16 twice per group,
@@ -471,21 +485,29 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
     const __m512i by8_0 = spread_idx(0, 8), by8_1 = spread_idx(2, 8), by8_2 = spread_idx(4, 8), by8_3 = spread_idx(6, 8);
     const __m512i by4_0 = spread_idx(0, 4), by4_1 = spread_idx(4, 4), by4_2 = spread_idx(8, 4), by4_3 = spread_idx(12, 4);
     const __m512i by2 = spread_idx(0, 2);
-    const int q4 = type == KILN_Q4_K;
-    const long bytes = q4 ? 144 : 210;
+    const int q4 = type == KILN_Q4_K || type == KILN_Q5_K, q5 = type == KILN_Q5_K; /* q4: scales and mins */
+    const long bytes = q5 ? 176 : q4 ? 144 : 210;
+    const __m512i bit4 = _mm512_set1_epi8(16);
     for (int sb = 0; sb < K / 256; sb++) {
         const uint8_t *b = row + (size_t)sb * bytes;
         for (int l = 0; l < 4 * 64; l += 64) _mm_prefetch((const char *)(b + 2048 + l), _MM_HINT_T0);
         __m512i u[4];
-        __m512 wsc, wmn = _mm512_setzero_ps(); /* Q4_K: d * sc, dmin * m (8 lanes); Q6_K: d * sc (16) */
+        __m512 wsc, wmn = _mm512_setzero_ps(); /* Q4_K/Q5_K: d * sc, dmin * m (8 lanes); Q6_K: d * sc (16) */
         if (q4) {
             uint64_t scb, mnb;
             q4k_scales(b + 4, &scb, &mnb);
             wsc = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_at(b)), bytes8_ps(scb, 0)));
             wmn = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), bytes8_ps(mnb, 0)));
+            /* Q5_K: qh[32] before the nibbles; bit j of byte l is the fifth bit of weight l of
+             * group j. Bytes 0-31: qh, 32-63: qh >> 1, so bit 2c of either half is group 2c's
+             * (low half) or 2c + 1's (high half); each byte's bit 0 stays its own under the
+             * 16-bit shifts because no shift exceeds 7. */
+            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
             for (int c = 0; c < 4; c++) { /* 32 bytes: group 2c in the low nibbles, 2c + 1 in the high */
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + (q5 ? 48 : 16) + 32 * c));
                 u[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), low4);
+                if (q5) u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh2, 2 * c), 4), bit4));
             }
         } else { /* ql[128], qh[64], scales[16] (int8), d: per half of 128 weights, ql[64] + qh[32] */
             wsc = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))));
@@ -509,7 +531,7 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
             __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_loadu_si512(xq + 64));
             __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], _mm512_loadu_si512(xq + 128));
             __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], _mm512_loadu_si512(xq + 192));
-            if (q4) { /* per group: d * sc * dx; the mins per 16 weights: dmin * m * dx */
+            if (q4) { /* Q4_K, Q5_K per group: d * sc * dx; the mins per 16 weights: dmin * m * dx */
                 cf = _mm512_mul_ps(wsc, dx8);
                 cor[m] = _mm512_fmadd_ps(_mm512_permutexvar_ps(by2, _mm512_mul_ps(wmn, dx8)), isum, cor[m]);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by8_0, cf), acc[m]);
@@ -528,6 +550,71 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
                 if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc2[m]);
                 else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc[m]);
             }
+        }
+    }
+    for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc[m], acc2[m]), cor[m]));
+}
+
+static inline uint16_t u16_at(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* The types of 32-weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) eight blocks at a time,
+ * ggml_tile_k512's scheme: per row, 64 weights cost one vpdpbusd, one conversion, one permute
+ * and one multiply-add, and every offset -- the zero point z (f z per block) and Q4_1/Q5_1's
+ * minimum -- is one multiply-add per eight blocks against the activations' sums per 16.
+ *
+ * Why: ggml_groups (one block at a time, 256-bit, the zero point by the sign trick, the block
+ * scale converted per block and per row) ran a 1B Q4_0 decode step at a third of the bandwidth
+ * the K types' loops reach; the eight float16 scales here are one conversion. The sums differ
+ * from ggml_groups' only in float order and in taking z I in float32 rather than in integers
+ * (|z I| <= 128 * 127 * 32 per block, exact in float32's 24 bits). Rows whose K is not a
+ * multiple of 256 take ggml_groups. */
+static inline __attribute__((always_inline)) void ggml_tile_b512(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, float *y, long ldy) {
+    __m512 acc[KILN_QMM_MAX_ROWS], acc2[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
+    const int split = M <= 2;
+    for (int m = 0; m < M; m++) acc[m] = acc2[m] = cor[m] = _mm512_setzero_ps();
+    const __m512i by8_0 = spread_idx(0, 8), by8_1 = spread_idx(2, 8), by8_2 = spread_idx(4, 8), by8_3 = spread_idx(6, 8);
+    const __m512i by2 = spread_idx(0, 2);
+    const long bb = kiln_ggml_row_bytes(type, 32); /* one block */
+    const int with_min = type == KILN_Q4_1 || type == KILN_Q5_1;
+    const float z = type == KILN_Q4_0 ? 8.f : type == KILN_Q5_0 ? 16.f : type == KILN_Q8_0 || type == KILN_IQ4_NL ? 128.f : 0.f;
+    for (int sb = 0; sb < K / 256; sb++) {
+        const uint8_t *b = row + (size_t)sb * 8 * bb;
+        for (long l = 0; l < 8 * bb; l += 64) _mm_prefetch((const char *)(b + 8 * bb + l), _MM_HINT_T0);
+        /* f (each block's d) and the offset per block: f z - min (w = f (u - z) + min) */
+        const __m256 f = _mm256_cvtph_ps(_mm_setr_epi16((short)u16_at(b), (short)u16_at(b + bb), (short)u16_at(b + 2 * bb), (short)u16_at(b + 3 * bb),
+                                                         (short)u16_at(b + 4 * bb), (short)u16_at(b + 5 * bb), (short)u16_at(b + 6 * bb), (short)u16_at(b + 7 * bb)));
+        __m256 off = _mm256_mul_ps(f, _mm256_set1_ps(z));
+        if (with_min)
+            off = _mm256_sub_ps(off, _mm256_cvtph_ps(_mm_setr_epi16((short)u16_at(b + 2), (short)u16_at(b + bb + 2), (short)u16_at(b + 2 * bb + 2), (short)u16_at(b + 3 * bb + 2),
+                                                                    (short)u16_at(b + 4 * bb + 2), (short)u16_at(b + 5 * bb + 2), (short)u16_at(b + 6 * bb + 2), (short)u16_at(b + 7 * bb + 2))));
+        __m512i u[4];
+        for (int c = 0; c < 4; c++) {
+            const kiln_group G0 = group_of(type, b, 2 * c), G1 = group_of(type, b, 2 * c + 1);
+            u[c] = _mm512_inserti64x4(_mm512_castsi256_si512(group_u256(type, &G0)), group_u256(type, &G1), 1);
+        }
+        const __m512 f512 = _mm512_castps256_ps512(f), off512 = _mm512_castps256_ps512(off);
+        const int g = sb * 8;
+        for (int m = 0; m < M; m++) {
+            const long r = m0 + m;
+            const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
+            const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a->gd + r * a->gd_ld + g));
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
+            const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512(xq));
+            const __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_loadu_si512(xq + 64));
+            const __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], _mm512_loadu_si512(xq + 128));
+            const __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], _mm512_loadu_si512(xq + 192));
+            const __m512 cf = _mm512_mul_ps(f512, dx8);
+            cor[m] = _mm512_fmadd_ps(_mm512_permutexvar_ps(by2, _mm512_mul_ps(off512, dx8)), isum, cor[m]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by8_0, cf), acc[m]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by8_1, cf), acc[m]);
+            if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc2[m]);
+            else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc[m]);
+            if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc2[m]);
+            else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc[m]);
         }
     }
     for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc[m], acc2[m]), cor[m]));
@@ -562,7 +649,7 @@ static inline __attribute__((always_inline)) void ggml_groups(const int M, const
 static inline __attribute__((always_inline)) void ggml_tile(const int M, const kiln_qw *w, int o, const kiln_act *a, int m0, float *y, long ldy) {
     const int K = w->k, type = w->type;
     const uint8_t *row = w->q + (size_t)o * kiln_ggml_row_bytes(type, K);
-    if (type == KILN_Q4_K || type == KILN_Q6_K) {
+    if (type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K) {
 #ifdef KILN_GGML_512
         ggml_tile_k512(M, type, row, K, a, m0, y, ldy);
 #else
@@ -570,47 +657,21 @@ static inline __attribute__((always_inline)) void ggml_tile(const int M, const k
 #endif
         return;
     }
+#ifdef KILN_GGML_512
+    if (type != KILN_IQ4_XS && K % 256 == 0) {
+        switch (type) { /* one copy per type: its decoding folds into the loop */
+        case KILN_Q4_0: ggml_tile_b512(M, KILN_Q4_0, row, K, a, m0, y, ldy); break;
+        case KILN_Q8_0: ggml_tile_b512(M, KILN_Q8_0, row, K, a, m0, y, ldy); break;
+        default: ggml_tile_b512(M, type, row, K, a, m0, y, ldy); /* Q4_1, Q5_0, Q5_1, IQ4_NL */
+        }
+        return;
+    }
+#endif
     __m256 acc[KILN_QMM_MAX_ROWS];
     float extra[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) {
         acc[m] = _mm256_setzero_ps();
         extra[m] = 0.f;
-    }
-    if (type == KILN_Q5_K) { /* by super-block: scales decoded once per 8 groups (Q4_K's loop before the k256/k512 ones) */
-        const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-        const int five = type == KILN_Q5_K;
-        for (int sb = 0; sb < K / 256; sb++) {
-            const uint8_t *b = row + (size_t)sb * (five ? 176 : 144);
-            float sc[8], mt[8];
-            for (int j = 0; j < 8; j++) {
-                kiln_group G = group_of(type, b, j);
-                sc[j] = G.f * (float)G.c0;
-                mt[j] = G.mt;
-            }
-            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-            for (int j2 = 0; j2 < 4; j2++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * j2));
-                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                if (five) { /* Q5_K: bit 2 j2 (and 2 j2 + 1) of each qh byte is the fifth bit of the pair's groups */
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j2)), one), 4));
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j2 + 1)), one), 4));
-                }
-                const int g = sb * 8 + 2 * j2;
-                for (int m = 0; m < M; m++) {
-                    const long r = m0 + m;
-                    const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
-                    const __m256i i0 = GGML_DOT(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)xq));
-                    const __m256i i1 = GGML_DOT(_mm256_setzero_si256(), hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
-                    const float dx0 = a->gd[r * a->gd_ld + g], dx1 = a->gd[r * a->gd_ld + g + 1];
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(sc[2 * j2] * dx0), acc[m]);
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(sc[2 * j2 + 1] * dx1), acc[m]);
-                    const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
-                    extra[m] -= dx0 * mt[2 * j2] * (float)(is[0] + is[1]) + dx1 * mt[2 * j2 + 1] * (float)(is[2] + is[3]);
-                }
-            }
-        }
-        for (int m = 0; m < M; m++) y[m * ldy] = ggml_hsum8(acc[m]) + extra[m];
-        return;
     }
     switch (type) { /* one copy of the loop per type: its decoding folds into it */
     case KILN_Q4_0: ggml_groups(M, KILN_Q4_0, row, K, a, m0, acc, extra); break;
