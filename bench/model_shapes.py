@@ -311,20 +311,23 @@ def ensure(shape: Shape, quant: str, *, log=None) -> Path:
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     tokenizer = bundled_gguf()
     base = shape_path(shape, "F16" if quant != "F32" else "F32", tokenizer=tokenizer)
+    dest = None
+    if quant not in UNQUANTIZED:
+        from .llama_cpp import tool_binary
+
+        quantizer = tool_binary("llama-quantize")
+        dest = shape_path(shape, quant, tokenizer=tokenizer, quantizer_key=quantizer.key)
+        if dest.is_file():  # the F16 file it came from may be gone (it is 15 GB at 8B)
+            return dest
     if not base.is_file():
         say(f"writing {base.name} (random weights, {shape.name} shape) ...")
         started = time.monotonic()
         write_shape(shape, base, tokenizer=tokenizer, dtype="F32" if quant == "F32" else "F16")
         say(f"wrote {base} ({base.stat().st_size / 1e9:.2f} GB) in {time.monotonic() - started:.0f} s")
-    if quant in UNQUANTIZED:
+    if dest is None:
         return base
-    from .llama_cpp import tool_binary
-
-    quantizer = tool_binary("llama-quantize")
-    dest = shape_path(shape, quant, tokenizer=tokenizer, quantizer_key=quantizer.key)
-    if not dest.is_file():
-        say(f"quantizing {base.name} to {quant} with {quantizer.path} ...")
-        quantize(base, dest, quant, quantizer.path, log=say)
+    say(f"quantizing {base.name} to {quant} with {quantizer.path} ...")
+    quantize(base, dest, quant, quantizer.path, log=say)
     return dest
 
 
