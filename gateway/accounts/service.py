@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kiln.gateway.accounts")
 T = TypeVar("T")
 
-AUTH_MODES = ("none", "keys")
-
 
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and localhost; 0.0.0.0, :: and real addresses are public."""

@@ -24,9 +24,6 @@ from ..http.errors import ApiError
 class Ticket(Protocol):
     """What admission hands the lifecycle: settle the bill once, close on every exit."""
 
-    @property
-    def settled(self) -> bool: ...
-
     async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         """Record the outcome (ledger status) and the usage the client received; the USD debited."""
         ...
@@ -43,15 +40,7 @@ class Ticket(Protocol):
 class OpenTicket:
     """Local mode: nothing is reserved, held or billed."""
 
-    def __init__(self) -> None:
-        self._settled = False
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
     async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
-        self._settled = True
         return None
 
     async def close(self) -> None:
