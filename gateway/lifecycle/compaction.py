@@ -34,7 +34,7 @@ from ..http.errors import ApiError, invalid
 from ..pool.worker_request import worker_request
 from ..pool.workers import NoWorker, WorkerPool, routing_key
 from . import truncation
-from .generation import Generation, cache_scope, complete_usage, count_tokens, reply
+from .generation import Generation, RunEvent, cache_scope, count_tokens, reply
 from .sealing import PREFIX as SIGNED_PREFIX
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -215,9 +215,7 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     if items and items[-1].get("type") == "compaction_trigger":
         result = await compact(pool, request.with_input(items[:-1]), model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s,
             session=generation.options.session, owner=generation.owner)
-        generation.add_prefix_item(result.item)
-        generation.done_without_worker = True
-        generation.response.finish("completed", complete_usage(result.usage))
+        generation.answer_without_worker(result.item, result.usage)
         return
     if request.truncation == "auto":  # accepted only with --truncation-auto
         count = truncation.worker_count(pool, request, model, timeout_s, generation.options)
@@ -233,9 +231,8 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
         owner=generation.owner)
     if not result.summarized:  # asked for to make room, it made none
         raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
-    generation.compaction_usage = result.usage  # billed with the response
-    generation.request = request.with_input(result.history)
-    generation.wire_input = expand_items(result.history)
-    generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
-    generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
-    generation.add_prefix_item(result.item)
+    events: list[RunEvent] = [
+        {"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted},
+        {"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after},
+    ]
+    generation.compacted(result.history, expand_items(result.history), result.usage, events, result.item)

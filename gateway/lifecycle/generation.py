@@ -160,6 +160,21 @@ class Generation:
         self.response.apply(done)
         self.index_offset += 1
 
+    def answer_without_worker(self, item: dict[str, Any], usage: Usage) -> None:
+        """A ``compaction_trigger`` turn: ``item`` is the whole answer and no worker is asked."""
+        self.add_prefix_item(item)
+        self.done_without_worker = True
+        self.response.finish("completed", complete_usage(usage))
+
+    def compacted(self, history: list[dict[str, Any]], wire_input: list[dict[str, Any]], usage: Usage, events: list[RunEvent], item: dict[str, Any]) -> None:
+        """Generate over the compacted ``history`` (``wire_input``: expanded) instead; ``events``
+        and ``item`` stream first, and the compaction's ``usage`` is billed with the response."""
+        self.request = self.request.with_input(history)
+        self.wire_input = wire_input
+        self.compaction_usage = usage
+        self.prefix_events += events
+        self.add_prefix_item(item)
+
     def close(self) -> None:
         if self.channel is not None:
             self.pool.close(self.channel, cancel=True)
