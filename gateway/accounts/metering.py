@@ -408,19 +408,8 @@ class Meter:
             rows = (await conn.execute(query)).all()
         return UsagePage(data=[_event(row) for row in rows[:limit]], has_more=len(rows) > limit)
 
-    async def totals(
-        self,
-        org_id: int,
-        *,
-        after_ts: float | int | datetime | None = None,
-        before_ts: float | int | datetime | None = None,
-    ) -> UsageTotals:
+    async def totals(self, org_id: int) -> UsageTotals:
         """Sums over the organization's ledger (for a console or a reconciliation check)."""
-        conditions = [usage_events.c.org_id == org_id]
-        if after_ts is not None:
-            conditions.append(usage_events.c.created_at >= _as_datetime(after_ts))
-        if before_ts is not None:
-            conditions.append(usage_events.c.created_at < _as_datetime(before_ts))
         zero = 0
         query = select(
             func.count(),
@@ -428,7 +417,7 @@ class Meter:
             func.coalesce(func.sum(usage_events.c.cached_tokens), zero),
             func.coalesce(func.sum(usage_events.c.output_tokens), zero),
             func.coalesce(func.sum(usage_events.c.cost_nanousd), zero),
-        ).where(and_(*conditions))
+        ).where(usage_events.c.org_id == org_id)
         async with self._db.engine.connect() as conn:
             count, inp, cached, out, cost = (await conn.execute(query)).one()
         return UsageTotals(int(count), int(inp), int(cached), int(out), nanos_to_usd(int(cost)))

@@ -224,5 +224,3 @@ def _kind(value: Any) -> str:
         type(value), type(value).__name__
     )
 
-
-__all__ = ["check_text_format", "check_json_schema", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH"]

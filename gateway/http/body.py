@@ -56,7 +56,7 @@ _HIGH = re.compile(rb"\\u[dD][89abAB]")
 _LOW = re.compile(rb"\\u[dD][c-fC-F]")
 
 
-async def read_json(request: Request, max_bytes: int, *, max_depth: int = MAX_DEPTH) -> Any:
+async def read_json(request: Request, max_bytes: int) -> Any:
     """The parsed JSON body; 413 past ``max_bytes`` (checked while reading, not after), 400 for
     anything ``parse_json_bytes`` refuses."""
     declared = request.headers.get("content-length")
@@ -72,7 +72,7 @@ async def read_json(request: Request, max_bytes: int, *, max_depth: int = MAX_DE
     raw = b"".join(chunks)
     if not raw.strip():
         raise invalid("The request body is empty; expected a JSON object.")
-    return parse_json_bytes(raw, max_depth=max_depth)
+    return parse_json_bytes(raw)
 
 
 def parse_json_bytes(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:

@@ -23,21 +23,6 @@ if TYPE_CHECKING:
     from .conversations import Conversation
     from .responses import StoredResponse
 
-__all__ = [
-    "ConversationStore",
-    "EventLog",
-    "EventReader",
-    "EventRecorder",
-    "ItemIndex",
-    "Job",
-    "JobBoard",
-    "JobState",
-    "LiveRegistry",
-    "ReasoningEcho",
-    "ResponseStore",
-    "StoreUnavailable",
-]
-
 
 class StoreUnavailable(ApiError):
     """The shared store did not answer (down, or slower than its socket timeout).
