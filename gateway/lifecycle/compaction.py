@@ -25,16 +25,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.protocol import Compact, Compacted, Failed
+from kiln.protocol import Compact, Compacted
 from kiln.protocol.usage import Usage
 
 from ..doors.create_request import CreateRequest
 from ..doors.validation import normalize_input
 from ..http.errors import ApiError, invalid
 from ..pool.worker_request import worker_request
-from ..pool.workers import NoWorker, WorkerPool, routing_key
+from ..pool.workers import WorkerPool, routing_key
 from . import truncation
-from .generation import Generation, RunEvent, cache_scope, count_tokens, reply
+from .generation import Generation, RunEvent, ask, cache_scope, count_tokens
 from .sealing import PREFIX as SIGNED_PREFIX
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -124,18 +124,7 @@ async def compact(
     cache scope, as its generations do (never one another organization's lookups could reach)."""
     items = expand_items(request.input)
     sent = dataclasses.replace(worker_request(request, items), cache_scope=cache_scope(owner))
-    try:
-        worker = pool.pick(model, routing_key(request, session))
-    except NoWorker:
-        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
-    req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, Compact(req_id, sent, keep_tokens, max_output_tokens))
-    try:
-        message = await reply(channel, timeout_s)
-    finally:
-        pool.close(channel, cancel=not channel.finished)
-    if isinstance(message, Failed):
-        raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
+    message = await ask(pool, model, routing_key(request, session), lambda req_id: Compact(req_id, sent, keep_tokens, max_output_tokens), timeout_s)
     if not isinstance(message, Compacted):
         raise ApiError(502, "The worker answered a compaction with something else.")
     retained = [_with_id(items[i]) for i in message.retained_indices]
