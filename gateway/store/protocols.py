@@ -145,6 +145,12 @@ class Job:
     def owner(self) -> Any:
         return self.extra.get("owner")
 
+    def stop(self) -> None:
+        """Cancel its generation and its task (which then stores its final object)."""
+        self.generation.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
 
 class JobBoard(Protocol):
     """Background jobs: admission against the deployment's limits, their poll state, the end
