@@ -37,7 +37,6 @@ class Principal:
 @dataclass(frozen=True)
 class _KeyRecord:
     principal: Principal
-    allowed_models: tuple[str, ...] | None
     revoked: bool
     credits_nanousd: int
 
@@ -85,8 +84,9 @@ class Authenticator:
         record = await self._lookup(hash_key(key))
         if record is None or record.revoked:
             raise _unauthorized("Incorrect API key provided, or the key has been revoked.")
-        if model is not None and record.allowed_models is not None:
-            if model not in record.allowed_models:
+        allowed = record.principal.allowed_models
+        if model is not None and allowed is not None:
+            if model not in allowed:
                 raise ApiError(
                     403,
                     f"This API key is not allowed to use the model '{model}'.",
@@ -147,7 +147,6 @@ class Authenticator:
         )
         return _KeyRecord(
             principal=principal,
-            allowed_models=allowed,
             revoked=bool(row.revoked),
             credits_nanousd=row.credits_nanousd,
         )
