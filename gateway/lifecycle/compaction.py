@@ -36,6 +36,7 @@ from ..pool.workers import WorkerPool, routing_key
 from . import truncation
 from .generation import Generation, RunEvent, ask, cache_scope, count_tokens
 from .sealing import PREFIX as SIGNED_PREFIX
+from .sealing import b64url
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
@@ -61,17 +62,13 @@ class Compaction:
         return [*self.kept, self.item, *self.retained]
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def compaction_item(summary: str, retained: list[dict[str, Any]]) -> dict[str, Any]:
     content = json.dumps({"summary": summary, "retained": retained}, separators=(",", ":"), ensure_ascii=False)
-    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": _b64(content.encode())}
+    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": b64url(content.encode())}
 
 
 def read_compaction(content: Any, param: str) -> tuple[str, list[dict[str, Any]]]:
