@@ -70,9 +70,7 @@ def decode_models(stored: str | None) -> tuple[str, ...] | None:
     return None if stored is None else tuple(json.loads(stored))
 
 
-async def create_key(
-    db: Database, org_name: str, *, models: list[str] | tuple[str, ...] | None = None
-) -> NewKey:
+async def create_key(db: Database, org_name: str, *, models: list[str] | tuple[str, ...] | None = None) -> NewKey:
     """Mint a key for an organization, optionally limited to some model ids."""
     org = await get_org(db, org_name)
     allowed = encode_models(models)

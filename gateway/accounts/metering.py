@@ -165,12 +165,9 @@ class Meter:
             return 0
         if record.model not in self._catalog:
             # The model left the catalog while the request ran: record it, but there is no price.
-            log.warning("no price for model %r; generation %s recorded at cost 0",
-                        record.model, record.generation_id)
+            log.warning("no price for model %r; generation %s recorded at cost 0", record.model, record.generation_id)
             return 0
-        cost = self._catalog.cost(
-            record.model, record.input_tokens, record.cached_tokens, record.output_tokens
-        )
+        cost = self._catalog.cost(record.model, record.input_tokens, record.cached_tokens, record.output_tokens)
         return usd_to_nanos(cost)
 
     def price_nanos(self, model: str, input_tokens: int, output_tokens: int) -> int:
@@ -354,9 +351,7 @@ class Meter:
         return int(value or 0)
 
     async def get(self, org_id: int, generation_id: str) -> UsageEvent | None:
-        query = select(usage_events).where(
-            usage_events.c.org_id == org_id, usage_events.c.generation_id == generation_id
-        )
+        query = select(usage_events).where(usage_events.c.org_id == org_id, usage_events.c.generation_id == generation_id)
         async with self._db.engine.connect() as conn:
             row = (await conn.execute(query)).first()
         return None if row is None else _event(row)
@@ -399,12 +394,7 @@ class Meter:
                 if cursor is None:
                     raise ApiError(400, f"unknown cursor {after_id!r}", param="after")
                 conditions.append(usage_events.c.id > cursor)
-            query = (
-                select(usage_events)
-                .where(and_(*conditions))
-                .order_by(usage_events.c.id)
-                .limit(limit + 1)
-            )
+            query = select(usage_events).where(and_(*conditions)).order_by(usage_events.c.id).limit(limit + 1)
             rows = (await conn.execute(query)).all()
         return UsagePage(data=[_event(row) for row in rows[:limit]], has_more=len(rows) > limit)
 

@@ -291,11 +291,7 @@ class _Exchange:
 
 
 def _cors_response_headers(origin: str) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"access-control-allow-origin", origin.encode("latin-1")),
-        (b"access-control-expose-headers", CORS_EXPOSE.encode()),
-        (b"vary", b"Origin"),
-    ]
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"access-control-expose-headers", CORS_EXPOSE.encode()), (b"vary", b"Origin")]
 
 
 class EdgeMiddleware:

@@ -224,9 +224,7 @@ class Channel:
         except asyncio.QueueFull:
             self.finished = True
             self.queue = asyncio.Queue(1)
-            self.queue.put_nowait(
-                Failed(self.req_id, 502, "server_error", "client fell too far behind the stream")
-            )
+            self.queue.put_nowait(Failed(self.req_id, 502, "server_error", "client fell too far behind the stream"))
 
     async def get(self) -> Any:
         return await self.queue.get()
@@ -300,10 +298,7 @@ class WorkerPool:
             self.auth.watch(sock)
         sock.bind(self.bind)
         self._sock = sock
-        self._tasks = [
-            asyncio.create_task(self._receive_loop(), name="kiln-pool-recv"),
-            asyncio.create_task(self._liveness_loop(), name="kiln-pool-liveness"),
-        ]
+        self._tasks = [asyncio.create_task(self._receive_loop(), name="kiln-pool-recv"), asyncio.create_task(self._liveness_loop(), name="kiln-pool-liveness")]
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
@@ -462,9 +457,7 @@ class WorkerPool:
         if cancel and not channel.finished and channel.worker.identity in self.workers:
             channel.finished = True
             # Scheduled as its own task: close() runs in cleanup paths that may be cancelled.
-            asyncio.get_running_loop().create_task(
-                self._send(channel.worker.identity, Cancel(channel.req_id))
-            )
+            asyncio.get_running_loop().create_task(self._send(channel.worker.identity, Cancel(channel.req_id)))
 
     # -- internals -------------------------------------------------------------------------------
     async def _send(self, identity: bytes, message: Any) -> None:
@@ -563,10 +556,7 @@ class WorkerPool:
         handle = WorkerHandle(identity, message, time.monotonic(), capabilities=Capabilities.from_map(message.features))
         self.workers[identity] = handle
         self._remember(message, handle)
-        log.info(
-            "worker registered",
-            extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},
-        )
+        log.info("worker registered", extra={"worker": message.worker_id, "model": message.model, "pid": message.pid})
         await self._send(identity, self._welcome())
         for future in self._arrivals.get(message.model, []):
             if not future.done():
