@@ -74,7 +74,6 @@ class EventBuffer:
         self._changed = asyncio.Event()
 
     def record(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Number ``event`` and keep it; returns the numbered event."""
         stamped = {**event, "sequence_number": self._next}
         self._next += 1
         self._append(stamped)
