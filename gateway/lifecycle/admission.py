@@ -26,15 +26,12 @@ class Ticket(Protocol):
 
     async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         """Record the outcome (ledger status) and the usage the client received; the USD debited."""
-        ...
 
     async def close(self) -> None:
         """Release what admission took; an unsettled ticket is recorded as an error."""
-        ...
 
     async def cover(self, request: CreateRequest, window: int) -> None:
         """Extend the reservation to the expanded ``request`` before any work (402 when it cannot)."""
-        ...
 
 
 class OpenTicket:
