@@ -20,11 +20,8 @@ class RedisConversationStore:
         self.prefix = ctx.keys.conversations
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.enabled = max_entries > 0
         self.ttl_ms = int(ttl_s * 1000)
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0
 
     def _limits(self) -> list[int]:
         return [self.max_entries, self.max_bytes]

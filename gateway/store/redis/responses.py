@@ -29,12 +29,9 @@ class RedisResponseStore:
         self.prefix = ctx.keys.responses
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.enabled = max_entries > 0
         self.ttl_s = ttl_s
         self.ephemeral_ttl_s = ephemeral_ttl_s
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0
 
     def size_of(self, stored: StoredResponse) -> int:
         return stored.size()
