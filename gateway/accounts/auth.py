@@ -77,9 +77,8 @@ class Authenticator:
         if record is None or record.revoked:
             raise _unauthorized("Incorrect API key provided, or the key has been revoked.")
         allowed = record.principal.allowed_models
-        if model is not None and allowed is not None:
-            if model not in allowed:
-                raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
+        if model is not None and allowed is not None and model not in allowed:
+            raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
         if require_credits and record.credits_nanousd <= 0:
             raise ApiError(402, "Your organization has no credits left. Add credits to continue.", code="insufficient_quota")
         return record.principal
@@ -120,6 +119,5 @@ class Authenticator:
             row = (await conn.execute(query)).first()
         if row is None:
             return None
-        allowed = decode_models(row.allowed_models)
-        principal = Principal(org_id=row.id, org_name=row.name, key_prefix=row.prefix, concurrency_limit=row.concurrency_limit, allowed_models=allowed)
+        principal = Principal(org_id=row.id, org_name=row.name, key_prefix=row.prefix, concurrency_limit=row.concurrency_limit, allowed_models=decode_models(row.allowed_models))
         return _KeyRecord(principal=principal, revoked=bool(row.revoked), credits_nanousd=row.credits_nanousd)
