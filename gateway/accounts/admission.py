@@ -49,10 +49,6 @@ class HostedTicket:
         self.event: UsageEvent | None = None
         self._settled = False
 
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
     async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         """Write the final ledger row (once); the USD debited, or None when it could not be written.
 

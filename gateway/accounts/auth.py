@@ -37,7 +37,6 @@ class Principal:
 @dataclass(frozen=True)
 class _KeyRecord:
     principal: Principal
-    allowed_models: tuple[str, ...] | None
     revoked: bool
     credits_nanousd: int
 
@@ -49,9 +48,7 @@ def _unauthorized(message: str) -> ApiError:
 def parse_bearer(authorization_header: str | None) -> str:
     """The key from an Authorization header, or a 401 explaining what is wrong with it."""
     if not authorization_header or not authorization_header.strip():
-        raise _unauthorized(
-            "You didn't provide an API key. Send it in the Authorization header as 'Bearer <key>'."
-        )
+        raise _unauthorized("You didn't provide an API key. Send it in the Authorization header as 'Bearer <key>'.")
     scheme, _, key = authorization_header.strip().partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
@@ -68,13 +65,7 @@ class Authenticator:
         self._size = cache_size
         self._cache: dict[str, tuple[float, _KeyRecord | None]] = {}
 
-    async def authenticate(
-        self,
-        authorization_header: str | None,
-        model: str | None,
-        *,
-        require_credits: bool = True,
-    ) -> Principal:
+    async def authenticate(self, authorization_header: str | None, model: str | None, *, require_credits: bool = True) -> Principal:
         """Authenticate a request.
 
         ``model`` is checked against the key's allowed models when given (None for endpoints that
@@ -85,20 +76,11 @@ class Authenticator:
         record = await self._lookup(hash_key(key))
         if record is None or record.revoked:
             raise _unauthorized("Incorrect API key provided, or the key has been revoked.")
-        if model is not None and record.allowed_models is not None:
-            if model not in record.allowed_models:
-                raise ApiError(
-                    403,
-                    f"This API key is not allowed to use the model '{model}'.",
-                    code="model_not_allowed",
-                    param="model",
-                )
+        allowed = record.principal.allowed_models
+        if model is not None and allowed is not None and model not in allowed:
+            raise ApiError(403, f"This API key is not allowed to use the model '{model}'.", code="model_not_allowed", param="model")
         if require_credits and record.credits_nanousd <= 0:
-            raise ApiError(
-                402,
-                "Your organization has no credits left. Add credits to continue.",
-                code="insufficient_quota",
-            )
+            raise ApiError(402, "Your organization has no credits left. Add credits to continue.", code="insufficient_quota")
         return record.principal
 
     def invalidate(self) -> None:
@@ -137,17 +119,5 @@ class Authenticator:
             row = (await conn.execute(query)).first()
         if row is None:
             return None
-        allowed = decode_models(row.allowed_models)
-        principal = Principal(
-            org_id=row.id,
-            org_name=row.name,
-            key_prefix=row.prefix,
-            concurrency_limit=row.concurrency_limit,
-            allowed_models=allowed,
-        )
-        return _KeyRecord(
-            principal=principal,
-            allowed_models=allowed,
-            revoked=bool(row.revoked),
-            credits_nanousd=row.credits_nanousd,
-        )
+        principal = Principal(org_id=row.id, org_name=row.name, key_prefix=row.prefix, concurrency_limit=row.concurrency_limit, allowed_models=decode_models(row.allowed_models))
+        return _KeyRecord(principal=principal, revoked=bool(row.revoked), credits_nanousd=row.credits_nanousd)

@@ -107,12 +107,7 @@ class Catalog:
         """The model's price, or the contract's 404 ``model_not_found``."""
         price = self._prices.get(model)
         if price is None:
-            raise ApiError(
-                404,
-                f"The model '{model}' does not exist or you do not have access to it.",
-                code="model_not_found",
-                param="model",
-            )
+            raise ApiError(404, f"The model '{model}' does not exist or you do not have access to it.", code="model_not_found", param="model")
         return price
 
     def cost(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> Decimal:
@@ -124,9 +119,5 @@ class Catalog:
         if min(input_tokens, cached_tokens, output_tokens) < 0:
             raise ValueError("token counts must not be negative")
         cached = min(cached_tokens, input_tokens)
-        total = (
-            (input_tokens - cached) * price.input_per_million
-            + cached * price.cached_input_per_million
-            + output_tokens * price.output_per_million
-        )
+        total = (input_tokens - cached) * price.input_per_million + cached * price.cached_input_per_million + output_tokens * price.output_per_million
         return total / _MILLION

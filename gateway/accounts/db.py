@@ -33,9 +33,7 @@ def async_url(url: str) -> str:
     """Map ``sqlite:///PATH`` and ``postgresql://...`` to their async-driver forms."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in _ASYNC_DRIVERS:
-        raise ValueError(
-            f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST/DB"
-        )
+        raise ValueError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST/DB")
     return f"{_ASYNC_DRIVERS[scheme]}://{rest}"
 
 

@@ -70,9 +70,7 @@ def decode_models(stored: str | None) -> tuple[str, ...] | None:
     return None if stored is None else tuple(json.loads(stored))
 
 
-async def create_key(
-    db: Database, org_name: str, *, models: list[str] | tuple[str, ...] | None = None
-) -> NewKey:
+async def create_key(db: Database, org_name: str, *, models: list[str] | tuple[str, ...] | None = None) -> NewKey:
     """Mint a key for an organization, optionally limited to some model ids."""
     org = await get_org(db, org_name)
     allowed = encode_models(models)
@@ -98,13 +96,10 @@ async def create_key(
     raise RuntimeError("could not draw a unique key prefix")
 
 
-_INFO_COLUMNS = (
-    api_keys.c.prefix,
-    organizations.c.name,
-    api_keys.c.allowed_models,
-    api_keys.c.revoked,
-    api_keys.c.created_at,
-)
+def _info_query(where: Any) -> Any:
+    """The ``ApiKeyInfo`` columns of the keys ``where`` selects, with their organization's name."""
+    columns = (api_keys.c.prefix, organizations.c.name, api_keys.c.allowed_models, api_keys.c.revoked, api_keys.c.created_at)
+    return select(*columns).join(organizations, organizations.c.id == api_keys.c.org_id).where(where)
 
 
 def _info(row: Row[Any, Any, Any, Any, Any]) -> ApiKeyInfo:
@@ -119,12 +114,7 @@ def _info(row: Row[Any, Any, Any, Any, Any]) -> ApiKeyInfo:
 
 async def list_keys(db: Database, org_name: str) -> list[ApiKeyInfo]:
     org = await get_org(db, org_name)
-    query = (
-        select(*_INFO_COLUMNS)
-        .join(organizations, organizations.c.id == api_keys.c.org_id)
-        .where(api_keys.c.org_id == org.id)
-        .order_by(api_keys.c.created_at, api_keys.c.id)
-    )
+    query = _info_query(api_keys.c.org_id == org.id).order_by(api_keys.c.created_at, api_keys.c.id)
     async with db.engine.connect() as conn:
         return [_info(row) for row in (await conn.execute(query)).all()]
 
@@ -140,9 +130,4 @@ async def revoke_key(db: Database, prefix_or_key: str) -> ApiKeyInfo:
         result = await conn.execute(api_keys.update().where(match).values(revoked=True))
         if result.rowcount == 0:
             raise NotFound(f"no API key {value!r}")
-        query = (
-            select(*_INFO_COLUMNS)
-            .join(organizations, organizations.c.id == api_keys.c.org_id)
-            .where(match)
-        )
-        return _info((await conn.execute(query)).one())
+        return _info((await conn.execute(_info_query(match))).one())

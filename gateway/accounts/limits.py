@@ -20,13 +20,7 @@ from kiln.gateway.http.errors import ApiError
 
 def rate_limited(limit: int) -> ApiError:
     """The 429 for the (limit+1)th concurrent request; deliberately without headers."""
-    return ApiError(
-        429,
-        f"Your organization already has {limit} requests in flight, its concurrency limit. "
-        "Retry with exponential backoff.",
-        code="rate_limit_exceeded",
-        headers={},
-    )
+    return ApiError(429, f"Your organization already has {limit} requests in flight, its concurrency limit. Retry with exponential backoff.", code="rate_limit_exceeded", headers={})
 
 
 class Slot:
@@ -36,10 +30,6 @@ class Slot:
         self.org_id = org_id
         self._release = release
         self._released = False
-
-    @property
-    def released(self) -> bool:
-        return self._released
 
     async def release(self) -> None:
         if self._released:
@@ -57,13 +47,10 @@ class Slot:
 class ConcurrencyLimiter(Protocol):
     async def acquire(self, org_id: int, limit: int) -> Slot:
         """A slot, or ApiError 429 when the organization already has ``limit`` in flight."""
-        ...
 
-    async def in_flight(self, org_id: int) -> int:
-        ...
+    async def in_flight(self, org_id: int) -> int: ...
 
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...
 
 
 class InMemoryLimiter:

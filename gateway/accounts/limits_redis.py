@@ -56,14 +56,7 @@ return redis.call('ZCARD', KEYS[1])
 class RedisLimiter:
     """The ConcurrencyLimiter for several replicas; every replica must use the same namespace."""
 
-    def __init__(
-        self,
-        redis: Redis,
-        *,
-        namespace: str = "kiln",
-        lease_seconds: float = 30.0,
-        renew: bool = True,
-    ) -> None:
+    def __init__(self, redis: Redis, *, namespace: str = "kiln", lease_seconds: float = 30.0, renew: bool = True) -> None:
         if lease_seconds <= 0:
             raise ValueError("lease_seconds must be positive")
         self._redis = redis

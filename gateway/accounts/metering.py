@@ -146,6 +146,18 @@ def _event(row: Row[Any]) -> UsageEvent:
     )
 
 
+def _credit(org_id: int, nanos: int, *when: Any) -> Any:
+    """The update adding ``nanos`` (negative: a debit) to the organization's balance, if ``when``."""
+    return organizations.update().where(organizations.c.id == org_id, *when).values(credits_nanousd=organizations.c.credits_nanousd + nanos)
+
+
+def _check(record: UsageRecord) -> None:
+    if record.status not in BILLED_STATUSES | UNBILLED_STATUSES:
+        raise ValueError(f"unknown usage status {record.status!r}")
+    if min(record.input_tokens, record.cached_tokens, record.output_tokens, record.latency_ms) < 0:
+        raise ValueError("token counts and latency must not be negative")
+
+
 def _as_datetime(ts: float | int | datetime) -> datetime:
     if isinstance(ts, datetime):
         return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
@@ -165,12 +177,9 @@ class Meter:
             return 0
         if record.model not in self._catalog:
             # The model left the catalog while the request ran: record it, but there is no price.
-            log.warning("no price for model %r; generation %s recorded at cost 0",
-                        record.model, record.generation_id)
+            log.warning("no price for model %r; generation %s recorded at cost 0", record.model, record.generation_id)
             return 0
-        cost = self._catalog.cost(
-            record.model, record.input_tokens, record.cached_tokens, record.output_tokens
-        )
+        cost = self._catalog.cost(record.model, record.input_tokens, record.cached_tokens, record.output_tokens)
         return usd_to_nanos(cost)
 
     def price_nanos(self, model: str, input_tokens: int, output_tokens: int) -> int:
@@ -181,11 +190,7 @@ class Meter:
 
     async def record(self, record: UsageRecord) -> UsageEvent:
         """Write the event and debit its cost in one transaction; return the ledger row."""
-        if record.status not in BILLED_STATUSES | UNBILLED_STATUSES:
-            raise ValueError(f"unknown usage status {record.status!r}")
-        counts = (record.input_tokens, record.cached_tokens, record.output_tokens, record.latency_ms)
-        if min(counts) < 0:
-            raise ValueError("token counts and latency must not be negative")
+        _check(record)
         cost = self.cost_nanos(record)
         values: dict[str, Any] = dict(
             generation_id=record.generation_id,
@@ -204,40 +209,21 @@ class Meter:
             async with self._db.engine.begin() as conn:
                 await conn.execute(usage_events.insert().values(**values))
                 if cost:
-                    await conn.execute(
-                        organizations.update()
-                        .where(organizations.c.id == record.org_id)
-                        .values(credits_nanousd=organizations.c.credits_nanousd - cost)
-                    )
+                    await conn.execute(_credit(record.org_id, -cost))
         except IntegrityError:
             existing = await self.get(record.org_id, record.generation_id)
             if existing is None:  # not a duplicate: e.g. an unknown organization
                 raise
             return existing
-        return UsageEvent(
-            generation_id=record.generation_id,
-            org_id=record.org_id,
-            key_prefix=record.key_prefix,
-            model=record.model,
-            input_tokens=values["input_tokens"],
-            cached_tokens=values["cached_tokens"],
-            output_tokens=record.output_tokens,
-            cost_usd=nanos_to_usd(cost),
-            status=record.status,
-            latency_ms=values["latency_ms"],
-            created_at=values["created_at"],
-        )
+        del values["cost_nanousd"]
+        return UsageEvent(**values, cost_usd=nanos_to_usd(cost))
 
     async def reserve(self, pending: UsageRecord, reserve_nanos: int) -> bool:
         """Debit ``reserve_nanos`` and write the pending row, if the organization's balance is above
         zero right now; False (nothing written) when it is not."""
         reserve_nanos = max(0, int(reserve_nanos))
         async with self._db.engine.begin() as conn:
-            debit = await conn.execute(
-                organizations.update()
-                .where(organizations.c.id == pending.org_id, organizations.c.credits_nanousd > 0)
-                .values(credits_nanousd=organizations.c.credits_nanousd - reserve_nanos)
-            )
+            debit = await conn.execute(_credit(pending.org_id, -reserve_nanos, organizations.c.credits_nanousd > 0))
             if debit.rowcount != 1:
                 return False
             await conn.execute(
@@ -266,11 +252,7 @@ class Meter:
         when it is not, or when the row is no longer pending."""
         extra_nanos = max(0, int(extra_nanos))
         async with self._db.engine.begin() as conn:
-            debit = await conn.execute(
-                organizations.update()
-                .where(organizations.c.id == org_id, organizations.c.credits_nanousd + int(reserved_nanos) > 0)
-                .values(credits_nanousd=organizations.c.credits_nanousd - extra_nanos)
-            )
+            debit = await conn.execute(_credit(org_id, -extra_nanos, organizations.c.credits_nanousd + int(reserved_nanos) > 0))
             if debit.rowcount != 1:
                 return False
             row = await conn.execute(
@@ -286,10 +268,7 @@ class Meter:
     async def settle(self, record: UsageRecord, reserved_nanos: int) -> UsageEvent:
         """Replace the pending row of ``record.generation_id`` by the final one and refund
         ``reserved_nanos - cost``; idempotent (a settled row is returned as it is)."""
-        if record.status not in BILLED_STATUSES | UNBILLED_STATUSES:
-            raise ValueError(f"unknown usage status {record.status!r}")
-        if min(record.input_tokens, record.cached_tokens, record.output_tokens, record.latency_ms) < 0:
-            raise ValueError("token counts and latency must not be negative")
+        _check(record)
         cost = self.cost_nanos(record)
         final = dict(
             status=record.status,
@@ -308,11 +287,7 @@ class Meter:
                 updated = await conn.execute(usage_events.update().where(row, usage_events.c.status == EXPIRED).values(**final))
                 refund = -cost
             if updated.rowcount == 1 and refund:
-                await conn.execute(
-                    organizations.update()
-                    .where(organizations.c.id == record.org_id)
-                    .values(credits_nanousd=organizations.c.credits_nanousd + refund)
-                )
+                await conn.execute(_credit(record.org_id, refund))
         event = await self.get(record.org_id, record.generation_id)
         if event is None:
             raise LookupError(f"no ledger row for {record.generation_id}")
@@ -340,11 +315,7 @@ class Meter:
                 if done.rowcount == 1:
                     closed += 1
                     if row.cost_nanousd:
-                        await conn.execute(
-                            organizations.update()
-                            .where(organizations.c.id == row.org_id)
-                            .values(credits_nanousd=organizations.c.credits_nanousd + row.cost_nanousd)
-                        )
+                        await conn.execute(_credit(row.org_id, row.cost_nanousd))
         return closed
 
     async def balance_nanos(self, org_id: int) -> int:
@@ -354,9 +325,7 @@ class Meter:
         return int(value or 0)
 
     async def get(self, org_id: int, generation_id: str) -> UsageEvent | None:
-        query = select(usage_events).where(
-            usage_events.c.org_id == org_id, usage_events.c.generation_id == generation_id
-        )
+        query = select(usage_events).where(usage_events.c.org_id == org_id, usage_events.c.generation_id == generation_id)
         async with self._db.engine.connect() as conn:
             row = (await conn.execute(query)).first()
         return None if row is None else _event(row)
@@ -399,28 +368,12 @@ class Meter:
                 if cursor is None:
                     raise ApiError(400, f"unknown cursor {after_id!r}", param="after")
                 conditions.append(usage_events.c.id > cursor)
-            query = (
-                select(usage_events)
-                .where(and_(*conditions))
-                .order_by(usage_events.c.id)
-                .limit(limit + 1)
-            )
+            query = select(usage_events).where(and_(*conditions)).order_by(usage_events.c.id).limit(limit + 1)
             rows = (await conn.execute(query)).all()
         return UsagePage(data=[_event(row) for row in rows[:limit]], has_more=len(rows) > limit)
 
-    async def totals(
-        self,
-        org_id: int,
-        *,
-        after_ts: float | int | datetime | None = None,
-        before_ts: float | int | datetime | None = None,
-    ) -> UsageTotals:
+    async def totals(self, org_id: int) -> UsageTotals:
         """Sums over the organization's ledger (for a console or a reconciliation check)."""
-        conditions = [usage_events.c.org_id == org_id]
-        if after_ts is not None:
-            conditions.append(usage_events.c.created_at >= _as_datetime(after_ts))
-        if before_ts is not None:
-            conditions.append(usage_events.c.created_at < _as_datetime(before_ts))
         zero = 0
         query = select(
             func.count(),
@@ -428,7 +381,7 @@ class Meter:
             func.coalesce(func.sum(usage_events.c.cached_tokens), zero),
             func.coalesce(func.sum(usage_events.c.output_tokens), zero),
             func.coalesce(func.sum(usage_events.c.cost_nanousd), zero),
-        ).where(and_(*conditions))
+        ).where(usage_events.c.org_id == org_id)
         async with self._db.engine.connect() as conn:
             count, inp, cached, out, cost = (await conn.execute(query)).one()
         return UsageTotals(int(count), int(inp), int(cached), int(out), nanos_to_usd(int(cost)))

@@ -91,11 +91,7 @@ async def socket_principal(accounts: Accounts, scope: MutableMapping[str, Any]) 
 
 
 def maintenance_error(seconds: int) -> ApiError:
-    return ApiError(
-        503,
-        f"The API is down for maintenance. Retry after {seconds} seconds.",
-        headers={"Retry-After": str(seconds)},
-    )
+    return ApiError(503, f"The API is down for maintenance. Retry after {seconds} seconds.", headers={"Retry-After": str(seconds)})
 
 
 def accounts_unavailable(exc: BaseException) -> ApiError:

@@ -13,20 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Column,
-    DateTime,
-    ForeignKey,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    select,
-)
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, ForeignKey, Index, Integer, MetaData, String, Table, Text, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -110,21 +97,13 @@ def _apply_pending(conn: Connection) -> list[int]:
     applied = set(conn.execute(select(version_table.c.version)).scalars())
     latest = max(m.version for m in MIGRATIONS)
     if applied and max(applied) > latest:
-        raise SchemaTooNew(
-            f"database schema is at version {max(applied)}, this Kiln knows up to {latest}"
-        )
+        raise SchemaTooNew(f"database schema is at version {max(applied)}, this Kiln knows up to {latest}")
     done: list[int] = []
     for migration in sorted(MIGRATIONS, key=lambda m: m.version):
         if migration.version in applied:
             continue
         migration.apply(conn)
-        conn.execute(
-            version_table.insert().values(
-                version=migration.version,
-                name=migration.name,
-                applied_at=datetime.now(timezone.utc).replace(tzinfo=None),
-            )
-        )
+        conn.execute(version_table.insert().values(version=migration.version, name=migration.name, applied_at=datetime.now(timezone.utc).replace(tzinfo=None)))
         done.append(migration.version)
     return done
 

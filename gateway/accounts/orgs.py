@@ -38,13 +38,7 @@ def _from_row(row: Row[Any]) -> Organization:
     )
 
 
-async def create_org(
-    db: Database,
-    name: str,
-    *,
-    credits_usd: Decimal | int | str,
-    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT,
-) -> Organization:
+async def create_org(db: Database, name: str, *, credits_usd: Decimal | int | str, concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT) -> Organization:
     name = name.strip()
     if not name:
         raise ValueError("organization name must not be empty")

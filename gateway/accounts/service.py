@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kiln.gateway.accounts")
 T = TypeVar("T")
 
-AUTH_MODES = ("none", "keys")
-
 
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and localhost; 0.0.0.0, :: and real addresses are public."""
@@ -109,10 +107,7 @@ class Accounts:
         if not settings.database_url:
             raise ValueError("--auth keys needs --database-url (env KILN_DATABASE_URL)")
         if getattr(settings, "store_mode", "none") != "none":
-            log.info(
-                "--auth keys with the response store on: stored responses are kept per organization, "
-                "within one budget for all; the hosted contract runs with --store none"
-            )
+            log.info("--auth keys with the response store on: stored responses are kept per organization, within one budget for all; the hosted contract runs with --store none")
         return cls(
             settings.database_url,
             catalog_path=settings.catalog_path,

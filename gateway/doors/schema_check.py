@@ -69,16 +69,10 @@ def check_text_format(fmt: dict[str, Any] | None, *, param: str = "text.format")
     if kind in ("text", "json_object"):
         return
     if kind != "json_schema":
-        raise invalid(
-            f"'{param}.type' must be one of 'text', 'json_object', 'json_schema'; got {kind!r}.",
-            param=f"{param}.type",
-        )
+        raise invalid(f"'{param}.type' must be one of 'text', 'json_object', 'json_schema'; got {kind!r}.", param=f"{param}.type")
     name = fmt.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise invalid(
-            f"'{param}.name' is required: 1-64 characters of a-z, A-Z, 0-9, '_' or '-'.",
-            param=f"{param}.name",
-        )
+        raise invalid(f"'{param}.name' is required: 1-64 characters of a-z, A-Z, 0-9, '_' or '-'.", param=f"{param}.name")
     if "strict" in fmt and fmt["strict"] is not None and not isinstance(fmt["strict"], bool):
         raise invalid(f"'{param}.strict' must be a boolean.", param=f"{param}.strict")
     if "description" in fmt and fmt["description"] is not None and not isinstance(fmt["description"], str):
@@ -105,10 +99,7 @@ def check_json_schema(schema: Any, *, param: str, use: SchemaUse = "text_format"
         raise invalid(f"'{param}' is not serializable JSON.", param=param) from None
     size = len(text.encode("utf-8"))
     if size > MAX_SCHEMA_BYTES:
-        raise invalid(
-            f"'{param}' is {size} bytes serialized; the limit is {MAX_SCHEMA_BYTES} bytes.",
-            param=param,
-        )
+        raise invalid(f"'{param}' is {size} bytes serialized; the limit is {MAX_SCHEMA_BYTES} bytes.", param=param)
     digest = hashlib.sha256(use.encode() + b"\0" + text.encode("utf-8")).digest()
     if digest in _ACCEPTED:
         _ACCEPTED.move_to_end(digest)
@@ -165,9 +156,7 @@ def _nests_deeper_than(node: Any, limit: int) -> bool:
 
 def _check_refs(schema: dict[str, Any], param: str) -> None:
     """Every ``$ref`` must resolve inside the schema; we never fetch remote documents."""
-    registry: Registry = Registry().with_resource(
-        _ROOT_URI, Resource.from_contents(schema, default_specification=DRAFT202012)
-    )
+    registry: Registry = Registry().with_resource(_ROOT_URI, Resource.from_contents(schema, default_specification=DRAFT202012))
     root = registry.resolver(base_uri=_ROOT_URI)
     for ref, resolver in _refs(schema, root):
         try:
@@ -200,9 +189,7 @@ def _check_compiles(schema_text: str, param: str, use: SchemaUse) -> None:
     try:
         error = future.result(timeout=COMPILE_TIMEOUT_S)
     except concurrent.futures.TimeoutError:
-        raise invalid(
-            f"'{param}' is too complex: compiling it took longer than {COMPILE_TIMEOUT_S:g}s.", param=param
-        ) from None
+        raise invalid(f"'{param}' is too complex: compiling it took longer than {COMPILE_TIMEOUT_S:g}s.", param=param) from None
     if error:
         raise invalid(f"'{param}' cannot be enforced: {error}", param=param)
 
@@ -220,9 +207,5 @@ def _clean(message: str) -> str:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), type(value).__name__)
 
-
-__all__ = ["check_text_format", "check_json_schema", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH"]

@@ -132,20 +132,18 @@ async def start_run(ticket: Ticket, watch: DisconnectWatch, make_run: Callable[[
     the ticket is closed (recorded unbilled) and the error propagates."""
     try:
         run = await make_run()
-        if isinstance(run, Response):
-            await watch.stop()
-            await ticket.close()
+        if not isinstance(run, Response):
+            await while_connected(watch, run.start())
             return run
-        await while_connected(watch, run.start())
-        return run
     except ClientDisconnected:
-        await watch.stop()
-        await ticket.close()
-        return Response(status_code=499)
+        run = Response(status_code=499)
     except BaseException:
         await watch.stop()
         await ticket.close()
         raise
+    await watch.stop()
+    await ticket.close()
+    return run
 
 
 async def serve_translated(request: Request, body: dict[str, Any], *, stream: bool, framer: Callable[[ResponseRun], Framer[bytes]], status_first: bool = False,

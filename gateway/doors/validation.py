@@ -41,17 +41,7 @@ HOSTED_TOOL_TYPES = frozenset(
 )
 MAX_TOOLS = 128
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
-INPUT_ITEM_TYPES = frozenset(
-    {
-        "message",
-        "function_call",
-        "function_call_output",
-        "reasoning",
-        "compaction",
-        "compaction_trigger",
-        "item_reference",
-    }
-)
+INPUT_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning", "compaction", "compaction_trigger", "item_reference"})
 # Documented ``include`` values Kiln can honour; the others name hosted tools or images.
 INCLUDE_SUPPORTED = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
 INCLUDE_UNSUPPORTED = {
@@ -80,19 +70,14 @@ def _expect(body: dict[str, Any], key: str, kinds: tuple[type, ...], label: str)
     if isinstance(value, bool) and bool not in kinds:
         raise invalid(f"Invalid type for '{key}': expected {label}, but got a boolean.", param=key)
     if not isinstance(value, kinds):
-        raise invalid(
-            f"Invalid type for '{key}': expected {label}, but got {_type_name(value)}.", param=key
-        )
+        raise invalid(f"Invalid type for '{key}': expected {label}, but got {_type_name(value)}.", param=key)
     return value
 
 
 def _number_in(body: dict[str, Any], key: str, low: float, high: float) -> None:
     value = _expect(body, key, (int, float), "a number")
     if value is not None and not low <= value <= high:
-        raise invalid(
-            f"Invalid '{key}': {value} is out of range; expected a value from {low} to {high}.",
-            param=key,
-        )
+        raise invalid(f"Invalid '{key}': {value} is out of range; expected a value from {low} to {high}.", param=key)
 
 
 def _int_in(body: dict[str, Any], key: str, low: int, high: int | None = None) -> int | None:
@@ -174,10 +159,7 @@ def normalize_input(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
     if not isinstance(value, list):
-        raise invalid(
-            f"Invalid type for 'input': expected a string or an array of items, but got {_type_name(value)}.",
-            param="input",
-        )
+        raise invalid(f"Invalid type for 'input': expected a string or an array of items, but got {_type_name(value)}.", param="input")
     items = []
     for i, item in enumerate(value):
         param = f"input[{i}]"
@@ -209,10 +191,7 @@ def normalize_input(value: Any) -> list[dict[str, Any]]:
 def _check_message(item: dict[str, Any], param: str) -> None:
     role = item.get("role")
     if not isinstance(role, str) or role not in MESSAGE_ROLES:
-        raise invalid(
-            f"Invalid value for '{param}.role': {role!r}; expected one of user, assistant, system, developer.",
-            param=f"{param}.role",
-        )
+        raise invalid(f"Invalid value for '{param}.role': {role!r}; expected one of user, assistant, system, developer.", param=f"{param}.role")
     content = item.get("content")
     if isinstance(content, str):
         return
@@ -245,10 +224,7 @@ def _check_tools(body: dict[str, Any], hosted_tools: str) -> list[dict[str, Any]
         if isinstance(kind, str) and kind in HOSTED_TOOL_TYPES:
             if hosted_tools == "drop":
                 continue
-            raise invalid(
-                f"Tool type '{kind}' is not supported: this server runs function tools only; hosted tools are not available.",
-                param=f"{param}.type",
-            )
+            raise invalid(f"Tool type '{kind}' is not supported: this server runs function tools only; hosted tools are not available.", param=f"{param}.type")
         if kind == "function":
             _check_function(tool, param)
         elif kind == "namespace":

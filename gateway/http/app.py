@@ -20,15 +20,7 @@ from ..doors import schema_check
 from ..doors.anthropic.routes import count_message_tokens, create_message
 from ..doors.chat.routes import create_chat_completion
 from ..doors.completions.routes import create_completion
-from ..doors.responses.routes import (
-    cancel_response,
-    compact_response,
-    create_response,
-    delete_response,
-    get_response,
-    input_tokens,
-    list_input_items,
-)
+from ..doors.responses.routes import cancel_response, compact_response, create_response, delete_response, get_response, input_tokens, list_input_items
 from ..doors.websocket.routes import responses_socket
 from ..lifecycle.service import ResponsesService
 from ..pool.advertise import advertiser_for

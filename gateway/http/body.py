@@ -42,10 +42,7 @@ _SCAN_CHUNK = 1 << 22
 # digits to "0", e/E to "e", signs to "+", the rest to " ", then plain substring searches (a
 # regex is ~30x slower on a 10 MB body). Only when one is found do the per-number hooks run,
 # as they cost a Python call per number.
-_NUMBER_SHAPE = bytes(
-    ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b"eE" else ord("+") if b in b"+-" else ord(" ")
-    for b in range(256)
-)
+_NUMBER_SHAPE = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b"eE" else ord("+") if b in b"+-" else ord(" ") for b in range(256))
 _BIG_NUMBER_MARKS = (b"0" * 19, b"e000", b"e+000")
 # An unpaired surrogate escape: a high one (D800-DBFF) not followed by a low one (DC00-DFFF), or
 # more low ones than high ones. Searched after dropping "\\\\" pairs, so that every "\\u" left
@@ -56,7 +53,7 @@ _HIGH = re.compile(rb"\\u[dD][89abAB]")
 _LOW = re.compile(rb"\\u[dD][c-fC-F]")
 
 
-async def read_json(request: Request, max_bytes: int, *, max_depth: int = MAX_DEPTH) -> Any:
+async def read_json(request: Request, max_bytes: int) -> Any:
     """The parsed JSON body; 413 past ``max_bytes`` (checked while reading, not after), 400 for
     anything ``parse_json_bytes`` refuses."""
     declared = request.headers.get("content-length")
@@ -72,7 +69,7 @@ async def read_json(request: Request, max_bytes: int, *, max_depth: int = MAX_DE
     raw = b"".join(chunks)
     if not raw.strip():
         raise invalid("The request body is empty; expected a JSON object.")
-    return parse_json_bytes(raw, max_depth=max_depth)
+    return parse_json_bytes(raw)
 
 
 def parse_json_bytes(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:

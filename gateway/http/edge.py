@@ -291,11 +291,7 @@ class _Exchange:
 
 
 def _cors_response_headers(origin: str) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"access-control-allow-origin", origin.encode("latin-1")),
-        (b"access-control-expose-headers", CORS_EXPOSE.encode()),
-        (b"vary", b"Origin"),
-    ]
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"access-control-expose-headers", CORS_EXPOSE.encode()), (b"vary", b"Origin")]
 
 
 class EdgeMiddleware:
@@ -322,13 +318,13 @@ class EdgeMiddleware:
         cors_origin = origin if policy.cors_allowed(origin) else None
         exchange = _Exchange(receive, send, policy.body_timeout_s, self.body_budget, cors_origin, _has_body(headers))
 
-        refusal = self._refusal(scope, headers, path, method, origin)
+        refusal = self._refusal(headers, path, method, origin)
         if refusal is not None:
             await self._reply(refusal, scope, receive, exchange.send)
             await exchange.finish()
             return
         if method == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
-            await self._preflight(scope, receive, exchange.send, headers, cors_origin)
+            await self._preflight(scope, receive, exchange.send, headers)
             return
         counted = path != OPEN_PATH and policy.max_connections > 0
         if counted and self.in_flight >= policy.max_connections:
@@ -358,13 +354,13 @@ class EdgeMiddleware:
 
         headers = _headers(scope)
         path = scope.get("path", "")
-        refusal = self._refusal(scope, headers, path, "GET", headers.get("origin"))
+        refusal = self._refusal(headers, path, "GET", headers.get("origin"))
         if refusal is not None:
             await deny_upgrade(scope, receive, send, refusal)
             return
         await self.app(scope, receive, send)
 
-    def _refusal(self, scope: Scope, headers: dict[str, str], path: str, method: str, origin: str | None) -> ApiError | None:
+    def _refusal(self, headers: dict[str, str], path: str, method: str, origin: str | None) -> ApiError | None:
         policy = self.policy
         if not policy.host_allowed(headers.get("host"), path):
             return ApiError(403, "This server answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1]); start it with --allowed-hosts to accept other names.",
@@ -382,7 +378,7 @@ class EdgeMiddleware:
             return ApiError(413, f"The request body is larger than the limit of {policy.max_body_bytes} bytes.", code="request_too_large", headers={"Connection": "close"})
         return None
 
-    async def _preflight(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], cors_origin: str | None) -> None:
+    async def _preflight(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
         requested = [h.strip().lower() for h in headers.get("access-control-request-headers", "").split(",") if h.strip()]
         allowed = sorted(CORS_HEADERS | {h for h in requested if h.startswith(CORS_HEADER_PREFIXES)})
         response = Response(
@@ -393,7 +389,7 @@ class EdgeMiddleware:
                 "Access-Control-Max-Age": CORS_MAX_AGE,
             },
         )
-        await response(scope, receive, send)  # send adds Allow-Origin and Vary for cors_origin
+        await response(scope, receive, send)  # the exchange's send adds Allow-Origin and Vary
 
     @staticmethod
     async def _reply(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,8 +9,6 @@ message of a non-2xx answer. Bodies are not logged (prompts stay out of the file
 ``KILN_REQUEST_LOG_BODIES=1`` is set too, for replaying a client's request by hand.
 
 Off unless the variable is set; ``install_request_log(app)`` is the hook ``create_app`` calls.
-``python -m kiln.gateway.logged_cli ARGS`` runs ``kiln-gateway ARGS`` with the log installed
-whether or not ``create_app`` has the hook (the Codex end-to-end tests use it).
 """
 
 from __future__ import annotations

@@ -24,34 +24,20 @@ from ..http.errors import ApiError
 class Ticket(Protocol):
     """What admission hands the lifecycle: settle the bill once, close on every exit."""
 
-    @property
-    def settled(self) -> bool: ...
-
     async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
         """Record the outcome (ledger status) and the usage the client received; the USD debited."""
-        ...
 
     async def close(self) -> None:
         """Release what admission took; an unsettled ticket is recorded as an error."""
-        ...
 
     async def cover(self, request: CreateRequest, window: int) -> None:
         """Extend the reservation to the expanded ``request`` before any work (402 when it cannot)."""
-        ...
 
 
 class OpenTicket:
     """Local mode: nothing is reserved, held or billed."""
 
-    def __init__(self) -> None:
-        self._settled = False
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
     async def settle(self, status: str, usage: Usage | Mapping[str, Any] | None = None) -> Decimal | None:
-        self._settled = True
         return None
 
     async def close(self) -> None:

@@ -25,17 +25,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.protocol import Compact, Compacted, Failed
+from kiln.protocol import Compact, Compacted
 from kiln.protocol.usage import Usage
 
 from ..doors.create_request import CreateRequest
 from ..doors.validation import normalize_input
 from ..http.errors import ApiError, invalid
 from ..pool.worker_request import worker_request
-from ..pool.workers import NoWorker, WorkerPool, routing_key
+from ..pool.workers import WorkerPool, routing_key
 from . import truncation
-from .generation import Generation, cache_scope, complete_usage, count_tokens, reply
+from .generation import Generation, RunEvent, ask, cache_scope, count_tokens
 from .sealing import PREFIX as SIGNED_PREFIX
+from .sealing import b64url
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
@@ -61,17 +62,13 @@ class Compaction:
         return [*self.kept, self.item, *self.retained]
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def compaction_item(summary: str, retained: list[dict[str, Any]]) -> dict[str, Any]:
     content = json.dumps({"summary": summary, "retained": retained}, separators=(",", ":"), ensure_ascii=False)
-    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": _b64(content.encode())}
+    return {"id": f"cmp_{uuid.uuid4().hex}", "type": "compaction", "encrypted_content": b64url(content.encode())}
 
 
 def read_compaction(content: Any, param: str) -> tuple[str, list[dict[str, Any]]]:
@@ -124,18 +121,7 @@ async def compact(
     cache scope, as its generations do (never one another organization's lookups could reach)."""
     items = expand_items(request.input)
     sent = dataclasses.replace(worker_request(request, items), cache_scope=cache_scope(owner))
-    try:
-        worker = pool.pick(model, routing_key(request, session))
-    except NoWorker:
-        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
-    req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, Compact(req_id, sent, keep_tokens, max_output_tokens))
-    try:
-        message = await reply(channel, timeout_s)
-    finally:
-        pool.close(channel, cancel=not channel.finished)
-    if isinstance(message, Failed):
-        raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
+    message = await ask(pool, model, routing_key(request, session), lambda req_id: Compact(req_id, sent, keep_tokens, max_output_tokens), timeout_s)
     if not isinstance(message, Compacted):
         raise ApiError(502, "The worker answered a compaction with something else.")
     retained = [_with_id(items[i]) for i in message.retained_indices]
@@ -215,9 +201,7 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
     if items and items[-1].get("type") == "compaction_trigger":
         result = await compact(pool, request.with_input(items[:-1]), model, keep_tokens=default_keep_tokens(window), max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS, timeout_s=timeout_s,
             session=generation.options.session, owner=generation.owner)
-        generation.add_prefix_item(result.item)
-        generation.done_without_worker = True
-        generation.response.finish("completed", complete_usage(result.usage))
+        generation.answer_without_worker(result.item, result.usage)
         return
     if request.truncation == "auto":  # accepted only with --truncation-auto
         count = truncation.worker_count(pool, request, model, timeout_s, generation.options)
@@ -233,9 +217,8 @@ async def compaction_phase(pool: WorkerPool, generation: Generation, timeout_s: 
         owner=generation.owner)
     if not result.summarized:  # asked for to make room, it made none
         raise ApiError(400, "Compaction cannot shorten this input: there is nothing before the latest user message to summarize.", code="context_length_exceeded", param="input")
-    generation.compaction_usage = result.usage  # billed with the response
-    generation.request = request.with_input(result.history)
-    generation.wire_input = expand_items(result.history)
-    generation.prefix_events.append({"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted})
-    generation.prefix_events.append({"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after})
-    generation.add_prefix_item(result.item)
+    events: list[RunEvent] = [
+        {"type": "mlx.compaction.started", "response_id": rid, "input_tokens": counted},
+        {"type": "mlx.compaction.completed", "response_id": rid, "input_tokens_before": result.input_tokens_before, "input_tokens_after": result.input_tokens_after},
+    ]
+    generation.compacted(result.history, expand_items(result.history), result.usage, events, result.item)

@@ -160,6 +160,21 @@ class Generation:
         self.response.apply(done)
         self.index_offset += 1
 
+    def answer_without_worker(self, item: dict[str, Any], usage: Usage) -> None:
+        """A ``compaction_trigger`` turn: ``item`` is the whole answer and no worker is asked."""
+        self.add_prefix_item(item)
+        self.done_without_worker = True
+        self.response.finish("completed", complete_usage(usage))
+
+    def compacted(self, history: list[dict[str, Any]], wire_input: list[dict[str, Any]], usage: Usage, events: list[RunEvent], item: dict[str, Any]) -> None:
+        """Generate over the compacted ``history`` (``wire_input``: expanded) instead; ``events``
+        and ``item`` stream first, and the compaction's ``usage`` is billed with the response."""
+        self.request = self.request.with_input(history)
+        self.wire_input = wire_input
+        self.compaction_usage = usage
+        self.prefix_events += events
+        self.add_prefix_item(item)
+
     def close(self) -> None:
         if self.channel is not None:
             self.pool.close(self.channel, cancel=True)
@@ -280,12 +295,24 @@ async def next_message(channel: Channel, timeout_s: float | None) -> Any:
     return getter.result()
 
 
-async def reply(channel: Channel, timeout_s: float | None) -> Any:
-    """The one message a single-answer request (count, compact) gets, within ``timeout_s``."""
+async def ask(pool: WorkerPool, model: str, cache_key: str | None, message_for: Callable[[str], Any], timeout_s: float | None) -> Any:
+    """The one answer a single-answer request (count, compact) gets from a worker of ``model``,
+    within ``timeout_s``; ``message_for(req_id)`` is what it is sent. A refusal is its ApiError."""
     try:
-        return await next_message(channel, timeout_s)
+        worker = pool.pick(model, cache_key)
+    except NoWorker:
+        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
+    req_id = uuid.uuid4().hex
+    channel = await pool.open(worker, req_id, message_for(req_id))
+    try:
+        message = await next_message(channel, timeout_s)
     except asyncio.TimeoutError:
         raise ApiError(504, "The model backend did not answer in time.", code="server_error") from None
+    finally:
+        pool.close(channel, cancel=not channel.finished)
+    if isinstance(message, Failed):
+        raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
+    return message
 
 
 async def count_tokens(pool: WorkerPool, request: CreateRequest, items: list[dict[str, Any]], model: str, timeout_s: float | None = None, options: DoorOptions = NO_OPTIONS) -> int:
@@ -293,18 +320,7 @@ async def count_tokens(pool: WorkerPool, request: CreateRequest, items: list[dic
     from kiln.protocol import CountTokens, TokenCount
 
     sent = worker_request(request, items, options)
-    try:
-        worker = pool.pick(model, routing_key(request, options.session))
-    except NoWorker:
-        raise ApiError(503, f"No worker is serving model '{model}' right now.", code="server_is_overloaded") from None
-    req_id = uuid.uuid4().hex
-    channel = await pool.open(worker, req_id, CountTokens(req_id=req_id, request=sent))
-    try:
-        message = await reply(channel, timeout_s)
-    finally:
-        pool.close(channel, cancel=not channel.finished)
+    message = await ask(pool, model, routing_key(request, options.session), lambda req_id: CountTokens(req_id=req_id, request=sent), timeout_s)
     if isinstance(message, TokenCount):
         return message.input_tokens
-    if isinstance(message, Failed):
-        raise ApiError(message.http_status, message.message, code=message.code, param=message.param)
     raise ApiError(502, "The worker answered a token count with something else.")

@@ -58,6 +58,10 @@ def conversation_key(conv: str, owner: Any) -> str:
     return conv if owner is None else f"{owner}:{conv}"
 
 
+def _not_stored(param: str, what: str) -> ApiError:
+    return ApiError(400, f"'{param}' is not supported: {what} are not stored on this gateway. Send the full conversation in 'input'.", code="unsupported_parameter", param=param)
+
+
 async def expand(request: CreateRequest, *, store: ResponseStore | None, jobs: JobBoard, conversations: ConversationStore, store_mode: str, owner: Any = None) -> list[dict[str, Any]]:
     """History items for ``request`` (not including its own input)."""
     previous = request.previous_response_id
@@ -66,12 +70,7 @@ async def expand(request: CreateRequest, *, store: ResponseStore | None, jobs: J
         raise invalid("'previous_response_id' and 'conversation' cannot be used together.", param="previous_response_id")
     if previous is not None:
         if store_mode == "none":
-            raise ApiError(
-                400,
-                "'previous_response_id' is not supported: responses are not stored on this gateway. Send the full conversation in 'input'.",
-                code="unsupported_parameter",
-                param="previous_response_id",
-            )
+            raise _not_stored("previous_response_id", "responses")
         if store is None or not store.enabled:
             raise invalid("'previous_response_id' needs the response store, which is disabled on this server.", param="previous_response_id")
         return await previous_history(previous, store, jobs, owner)
@@ -79,12 +78,7 @@ async def expand(request: CreateRequest, *, store: ResponseStore | None, jobs: J
         if store_mode == "none":
             # The store-less contract keeps nothing, transcripts included (a transcript kept here
             # would hold a tenant's prompts past its request and be a target for the others).
-            raise ApiError(
-                400,
-                "'conversation' is not supported: conversations are not stored on this gateway. Send the full conversation in 'input'.",
-                code="unsupported_parameter",
-                param="conversation",
-            )
+            raise _not_stored("conversation", "conversations")
         if not conversations.enabled:
             raise invalid("'conversation' needs the conversation store, which is disabled on this server.", param="conversation")
         key = conversation_key(conv, owner)

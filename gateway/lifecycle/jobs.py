@@ -113,9 +113,8 @@ class BackgroundJobs:
 
     async def cancel(self, job: Job) -> None:
         """Cancel a job this replica runs and wait until its final object is stored."""
-        job.generation.cancel()
+        job.stop()
         if job.task is not None:
-            job.task.cancel()
             try:
                 await job.task
             except (asyncio.CancelledError, Exception):
@@ -127,7 +126,5 @@ class BackgroundJobs:
         jobs = list(self.stores.jobs.active.values())
         for job in jobs:
             job.extra["shutdown"] = True
-            job.generation.cancel()
-            if job.task is not None:
-                job.task.cancel()
+            job.stop()
         await asyncio.gather(*(job.task for job in jobs if job.task is not None), return_exceptions=True)

@@ -1,7 +1,7 @@
 """The life of one foreground response, in one object, whatever door it came through.
 
 ``ResponseRun`` starts a prepared generation (compaction phase, a worker), hands its events to the
-door that frames them (JSON, SSE; WebSocket next), and on every exit -- completed, incomplete,
+door that frames them (JSON, SSE, WebSocket), and on every exit -- completed, incomplete,
 failed, cancelled, client gone -- does the same things once, in the same order:
 
 1. stores the response (when ``store`` is on) and forgets it as in flight, so ``cancel`` no longer
@@ -109,9 +109,8 @@ class ResponseRun:
                 self.refusal = await self.service.finish_foreground(generation, self.own_input)
                 generation.close()
                 usage = self.billable_usage(client_gone=client_gone)
-                delivered = usage.output_tokens > 0
-                if generation.done_without_worker:
-                    delivered = True  # a compaction_trigger turn: the compaction item is the output
+                # A compaction_trigger turn delivered its compaction item, with no output tokens.
+                delivered = usage.output_tokens > 0 or generation.done_without_worker
                 outcome = ledger_outcome(response.status, client_gone=client_gone, delivered_output=delivered)
                 if outcome == "failed" and not self.streaming and not client_gone:
                     outcome = "error"  # the client got an HTTP error, not a response

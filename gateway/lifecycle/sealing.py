@@ -38,7 +38,8 @@ ENCRYPTED = "kiln2"  # encrypted
 _NONCE_BYTES = 12
 
 
-def _b64(data: bytes) -> str:
+def b64url(data: bytes) -> str:
+    """Unpadded base64url, as sealed and compaction contents are written."""
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
@@ -66,8 +67,8 @@ class Sealer:
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
         if self.encrypt:
             nonce = os.urandom(_NONCE_BYTES)  # random 96-bit nonces: safe far beyond 2**32 seals per key
-            return f"{ENCRYPTED}.{_b64(nonce)}.{_b64(self._cipher.encrypt(nonce, body, f'{ENCRYPTED}.{kind}'.encode()))}"
-        return f"{PREFIX}.{_b64(body)}.{_b64(self._mac(kind, body))}"
+            return f"{ENCRYPTED}.{b64url(nonce)}.{b64url(self._cipher.encrypt(nonce, body, f'{ENCRYPTED}.{kind}'.encode()))}"
+        return f"{PREFIX}.{b64url(body)}.{b64url(self._mac(kind, body))}"
 
     @staticmethod
     def is_ours(blob: Any) -> bool:

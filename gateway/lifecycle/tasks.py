@@ -22,10 +22,10 @@ log = logging.getLogger("kiln.gateway")
 STOP_WAIT_S = 6.0
 
 
-async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], wait_s: float = STOP_WAIT_S) -> None:
-    """Cancel ``tasks`` and wait until they have ended, cancelling again every 0.25 s, for at most
-    ``wait_s``; a task still running then is logged and left behind."""
-    pending = {t for t in tasks if not t.done()}
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any] | None], wait_s: float = STOP_WAIT_S) -> None:
+    """Cancel ``tasks`` (None: no task) and wait until they have ended, cancelling again every
+    0.25 s, for at most ``wait_s``; a task still running then is logged and left behind."""
+    pending = {t for t in tasks if t is not None and not t.done()}
     deadline = time.monotonic() + wait_s
     while pending:
         for task in pending:

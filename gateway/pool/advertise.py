@@ -56,9 +56,8 @@ class Advertiser:
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            await stop_tasks([self._task])
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         from redis.exceptions import RedisError
 
         try:

@@ -106,7 +106,7 @@ class ModelLoader:
                 self._task = asyncio.create_task(self._idle_loop(), name="kiln-ondemand-idle")
 
     async def stop(self) -> None:
-        await stop_tasks(t for t in (self._task, *(m.starting for m in self._models.values())) if t is not None)
+        await stop_tasks([self._task, *(m.starting for m in self._models.values())])
         if self.launcher is not None:
             await self.launcher.stop()
 

@@ -46,8 +46,7 @@ class SupervisorLink:
         self._task = asyncio.create_task(self._read(reader, on_message), name="kiln-supervisor-link")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await stop_tasks([self._task])
+        await stop_tasks([self._task])
         if self._writer is not None:
             self._writer.close()
 

@@ -124,10 +124,10 @@ def text_format(text: Any) -> TextFormat:
 
 def input_items(items: Sequence[Mapping[str, Any]]) -> tuple[InputItem, ...]:
     """One typed item per item (none dropped: ``Compacted`` answers with positions)."""
-    return tuple(_item(item, i) for i, item in enumerate(items))
+    return tuple(_item(item) for item in items)
 
 
-def _item(item: Mapping[str, Any], index: int) -> InputItem:
+def _item(item: Mapping[str, Any]) -> InputItem:
     kind = item.get("type", "message")
     if kind == "message":
         return Message(item.get("role", "user"), content_parts(item.get("content")))

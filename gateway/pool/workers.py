@@ -224,9 +224,7 @@ class Channel:
         except asyncio.QueueFull:
             self.finished = True
             self.queue = asyncio.Queue(1)
-            self.queue.put_nowait(
-                Failed(self.req_id, 502, "server_error", "client fell too far behind the stream")
-            )
+            self.queue.put_nowait(Failed(self.req_id, 502, "server_error", "client fell too far behind the stream"))
 
     async def get(self) -> Any:
         return await self.queue.get()
@@ -240,6 +238,12 @@ def routing_key(request: CreateRequest, session: str | None = None) -> str | Non
     """What keeps a conversation on one worker: ``prompt_cache_key``, else the door's session
     (a session header: Codex sends ``session-id`` on every turn; a WebSocket connection)."""
     return request.prompt_cache_key or session
+
+
+def _trim(remembered: dict[Any, Any], limit: int) -> None:
+    """Forget the oldest entries of an insertion-ordered map beyond ``limit``."""
+    while len(remembered) > limit:
+        remembered.pop(next(iter(remembered)))
 
 
 class NoWorker(Exception):
@@ -261,7 +265,6 @@ class WorkerPool:
         self._claims = RefusalLog()  # registrations under a worker id another connection holds
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._registered = asyncio.Event()
         # Every name (id or alias) a worker has registered -> its model id, kept after the worker
         # goes, so that a model whose worker is restarting answers 503 (retry) instead of 404.
         self._known: dict[str, str] = {}
@@ -295,10 +298,7 @@ class WorkerPool:
             self.auth.watch(sock)
         sock.bind(self.bind)
         self._sock = sock
-        self._tasks = [
-            asyncio.create_task(self._receive_loop(), name="kiln-pool-recv"),
-            asyncio.create_task(self._liveness_loop(), name="kiln-pool-liveness"),
-        ]
+        self._tasks = [asyncio.create_task(self._receive_loop(), name="kiln-pool-recv"), asyncio.create_task(self._liveness_loop(), name="kiln-pool-liveness")]
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
@@ -374,10 +374,7 @@ class WorkerPool:
                 del self.workers[identity]
                 self._retired[identity] = model
                 self._fail_inflight(worker, "the worker was stopped")
-        while len(self._retired) > BANNED_LIMIT:
-            self._retired.pop(next(iter(self._retired)))
-        if not self.workers:
-            self._registered.clear()
+        _trim(self._retired, BANNED_LIMIT)
 
     def forget_retired(self, model: str) -> None:
         """``model``'s retired workers have exited."""
@@ -403,13 +400,11 @@ class WorkerPool:
         for name in (info.model, *info.aliases):
             self._known.pop(name, None)
             self._known[name] = info.model
-        while len(self._known) > KNOWN_MODELS_LIMIT:
-            self._known.pop(next(iter(self._known)))
+        _trim(self._known, KNOWN_MODELS_LIMIT)
         if handle is not None:
             self._last.pop(info.model, None)
             self._last[info.model] = handle
-            while len(self._last) > KNOWN_MODELS_LIMIT:
-                self._last.pop(next(iter(self._last)))
+            _trim(self._last, KNOWN_MODELS_LIMIT)
 
     def context_window(self, model: str) -> int | None:
         for w in self.workers.values():
@@ -462,9 +457,7 @@ class WorkerPool:
         if cancel and not channel.finished and channel.worker.identity in self.workers:
             channel.finished = True
             # Scheduled as its own task: close() runs in cleanup paths that may be cancelled.
-            asyncio.get_running_loop().create_task(
-                self._send(channel.worker.identity, Cancel(channel.req_id))
-            )
+            asyncio.get_running_loop().create_task(self._send(channel.worker.identity, Cancel(channel.req_id)))
 
     # -- internals -------------------------------------------------------------------------------
     async def _send(self, identity: bytes, message: Any) -> None:
@@ -563,12 +556,8 @@ class WorkerPool:
         handle = WorkerHandle(identity, message, time.monotonic(), capabilities=Capabilities.from_map(message.features))
         self.workers[identity] = handle
         self._remember(message, handle)
-        log.info(
-            "worker registered",
-            extra={"worker": message.worker_id, "model": message.model, "pid": message.pid},
-        )
+        log.info("worker registered", extra={"worker": message.worker_id, "model": message.model, "pid": message.pid})
         await self._send(identity, self._welcome())
-        self._registered.set()
         for future in self._arrivals.get(message.model, []):
             if not future.done():
                 future.set_result(None)
@@ -587,8 +576,6 @@ class WorkerPool:
                     log.warning("worker %s stopped heartbeating", worker.info.worker_id)
                     del self.workers[identity]
                     self._fail_inflight(worker, "the worker stopped responding")
-            if not self.workers:
-                self._registered.clear()
 
     def _drop_liar(self, identity: bytes, worker: WorkerHandle, kind: str, violation: str) -> None:
         """Drop a worker whose report cannot be true, as if it had died, and refuse it from now on.
@@ -599,11 +586,8 @@ class WorkerPool:
         log.warning("dropped worker %s: its %s is impossible (%s)", worker.info.worker_id, kind, violation)
         self.workers.pop(identity, None)
         self._banned[identity] = None
-        while len(self._banned) > BANNED_LIMIT:
-            self._banned.pop(next(iter(self._banned)))
+        _trim(self._banned, BANNED_LIMIT)
         self._fail_inflight(worker, "the worker sent an invalid report")
-        if not self.workers:
-            self._registered.clear()
         # Tell it at once (not at its next heartbeat), from a task: dispatch must not block on it.
         asyncio.get_running_loop().create_task(self._send(identity, Registered(ok=False, error=BANNED_ERROR)))
 

@@ -106,14 +106,8 @@ class MemoryConversationStore:
 
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float) -> None:
         self._lru: BoundedLRU[Conversation] = BoundedLRU(max_entries, max_bytes, ttl_s, owner_of=key_owner, owner_share=OWNER_SHARE)
-
-    @property
-    def enabled(self) -> bool:
-        return self._lru.enabled
-
-    @property
-    def max_bytes(self) -> int:
-        return self._lru.max_bytes
+        self.enabled = max_entries > 0
+        self.max_bytes = max_bytes
 
     async def header(self, key: str) -> Conversation | None:
         conv = self._lru.get(key)

@@ -60,7 +60,7 @@ class EventBuffer:
 
     def _append(self, stamped: dict[str, Any]) -> None:
         """Keep one numbered event, dropping the oldest beyond the count or the byte bound (the
-        newest is always kept, so a follower still sees the end)."""
+        newest is always kept, so a follower still sees the end), and wake the followers."""
         size = event_bytes(stamped)
         self._events.append(stamped)
         self._sizes.append(size)
@@ -68,16 +68,15 @@ class EventBuffer:
         while len(self._events) > 1 and (len(self._events) > self.max_events or self.nbytes > self.max_bytes):
             self._events.popleft()
             self.nbytes -= self._sizes.popleft()
-
-    def record(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Number ``event`` and keep it; returns the numbered event."""
-        stamped = {**event, "sequence_number": self._next}
-        self._next += 1
-        self._append(stamped)
         if stamped.get("type") in TERMINAL_EVENTS:
             self.done = True
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def record(self, event: dict[str, Any]) -> dict[str, Any]:
+        stamped = {**event, "sequence_number": self._next}
+        self._next += 1
+        self._append(stamped)
         return stamped
 
     def keep(self, stamped: dict[str, Any]) -> None:
@@ -87,10 +86,6 @@ class EventBuffer:
             return
         self._next = stamped["sequence_number"] + 1
         self._append(stamped)
-        if stamped.get("type") in TERMINAL_EVENTS:
-            self.done = True
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     async def flush(self) -> bool:
         return True  # kept in memory: readable at once

@@ -83,10 +83,6 @@ class BoundedLRU(Generic[V]):
         self._evict(key)
         return key in self._entries
 
-    def share_bytes(self) -> int:
-        """The most bytes one tenant may hold."""
-        return int(self.owner_share * self.max_bytes)
-
     def get(self, key: str) -> V | None:
         entry = self._entries.get(key)
         if entry is None:

@@ -23,21 +23,6 @@ if TYPE_CHECKING:
     from .conversations import Conversation
     from .responses import StoredResponse
 
-__all__ = [
-    "ConversationStore",
-    "EventLog",
-    "EventReader",
-    "EventRecorder",
-    "ItemIndex",
-    "Job",
-    "JobBoard",
-    "JobState",
-    "LiveRegistry",
-    "ReasoningEcho",
-    "ResponseStore",
-    "StoreUnavailable",
-]
-
 
 class StoreUnavailable(ApiError):
     """The shared store did not answer (down, or slower than its socket timeout).
@@ -159,6 +144,12 @@ class Job:
     @property
     def owner(self) -> Any:
         return self.extra.get("owner")
+
+    def stop(self) -> None:
+        """Cancel its generation and its task (which then stores its final object)."""
+        self.generation.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
 class JobBoard(Protocol):

@@ -88,10 +88,6 @@ class MemoryReasoningEcho:
         self.max_bytes = max_bytes
         self._lru: BoundedLRU[dict[str, Any]] = BoundedLRU(NO_ENTRY_LIMIT, max_bytes, 0, owner_share=OWNER_SHARE)
 
-    @property
-    def bytes(self) -> int:
-        return self._lru.bytes
-
     async def remember(self, output: list[dict[str, Any]], owner: Any = None) -> None:
         entry = echo_entries(output, owner) if self.max_bytes > 0 else None
         if entry is None:

@@ -42,14 +42,8 @@ class MemoryResponseStore:
     def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, ephemeral_ttl_s: float) -> None:
         self._lru: BoundedLRU[StoredResponse] = BoundedLRU(max_entries, max_bytes, ttl_s, owner_share=OWNER_SHARE)
         self.ephemeral_ttl_s = ephemeral_ttl_s
-
-    @property
-    def enabled(self) -> bool:
-        return self._lru.enabled
-
-    @property
-    def max_bytes(self) -> int:
-        return self._lru.max_bytes
+        self.enabled = max_entries > 0
+        self.max_bytes = max_bytes
 
     def __len__(self) -> int:
         return len(self._lru)

@@ -69,9 +69,9 @@ class LoggedKiln(Kiln):
         self.env = {**self.env, "KILN_REQUEST_LOG": str(self.request_log), "KILN_DEFAULT_TEMPERATURE": "0"}
 
     def start(self, timeout: float = 300) -> LoggedKiln:
-        # As Kiln.start, with the gateway run through kiln.gateway.logged_cli (which installs the
-        # log whether or not create_app has the hook).
-        argv = [sys.executable, "-m", "kiln.gateway.logged_cli", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "10", *self.gateway_args]
+        # As Kiln.start, with the gateway run as ``python -m kiln.gateway`` (create_app installs the
+        # log, as KILN_REQUEST_LOG is set).
+        argv = [sys.executable, "-m", "kiln.gateway", "--port", str(self.port), "--workers-bind", self.zmq, "--heartbeat-timeout", "10", *self.gateway_args]
         self.gateway = Proc(argv, self._env(), self.tmp / "gateway.log").start()
         self.procs.append(self.gateway)
         for _ in range(self.workers):

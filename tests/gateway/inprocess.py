@@ -37,7 +37,6 @@ class FakePool(WorkerPool):
         info = Register(worker_id="fake", model=MODEL, aliases=[], context_window=context_window, capacity=64, queue_depth=64)
         self.worker = WorkerHandle(b"fake", info, time.monotonic())
         self.workers[b"fake"] = self.worker
-        self._registered.set()
 
     async def start(self) -> None:  # no socket, no liveness loop: the fake worker never dies
         return None

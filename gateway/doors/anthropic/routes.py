@@ -9,6 +9,7 @@ here. (The hosted middleware's refusals on these paths use the same shape; see a
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -23,19 +24,20 @@ from ..serving import service as _service
 from .translate import MessageTranslator, error_body, to_responses_body
 
 
-def _error(error: ApiError) -> JSONResponse:
-    headers = {k: v for k, v in error.headers.items()}
-    return JSONResponse(error_body(error.status, error.message), status_code=error.status, headers=headers)
+def _anthropic_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``route`` with its ApiErrors answered in Anthropic's shape (module docstring)."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return await route(request)
+        except ApiError as error:
+            return JSONResponse(error_body(error.status, error.message), status_code=error.status, headers=dict(error.headers))
+
+    return answer
 
 
+@_anthropic_errors
 async def create_message(request: Request) -> Response:
-    try:
-        return await _create(request)
-    except ApiError as error:
-        return _error(error)
-
-
-async def _create(request: Request) -> Response:
     spec = to_responses_body(await read_body(request))
     # ``max_tokens`` is required here and clients pick it for Claude models, not this one (Claude
     # Code asks for 32000): above the model's context window it is capped to the window, where
@@ -72,14 +74,8 @@ class MessageFramer(MessageTranslator):
         return message
 
 
+@_anthropic_errors
 async def count_message_tokens(request: Request) -> Response:
-    try:
-        return await _count(request)
-    except ApiError as error:
-        return _error(error)
-
-
-async def _count(request: Request) -> Response:
     """The prompt's length in tokens, rendered exactly as a create with the same body would be
     (so it equals that message's ``input_tokens + cache_read_input_tokens``)."""
     spec = to_responses_body(await read_body(request), count_only=True)

@@ -357,7 +357,6 @@ class Session:
         finally:
             await run.finish(client_gone=True)  # a no-op when the run finished above
 
-
     async def _warm_up(self, run: ResponseRun, opening: dict[str, Any], previous: str | None) -> None:
         """A ``generate: false`` turn: answered when its prefill is done, or after WARM_UP_ANSWER_S
         with the usage known so far while the prefill goes on. The turn holds the socket until the

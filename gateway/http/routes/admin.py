@@ -20,8 +20,9 @@ The same operations as ``kiln orgs`` and ``kiln keys`` (kiln/admin.py), on the s
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -37,6 +38,7 @@ from ..edge import EdgePolicy, normalize_origin
 from ..errors import ApiError, invalid
 from .usage import MAX_TIMESTAMP, _catalog_model, _int_param, _require_admin
 
+T = TypeVar("T")
 MAX_ADMIN_BODY = 1 << 16
 MAX_USD = Decimal(10) ** 9  # one call moves at most a billion dollars: a typo, not a top-up
 MAX_CONCURRENCY = 100_000
@@ -115,8 +117,12 @@ def _key_json(info: ApiKeyInfo) -> dict[str, Any]:
     }
 
 
-def _not_found(exc: NotFound) -> ApiError:
-    return ApiError(404, str(exc), code="not_found")
+async def _found(lookup: Awaitable[T]) -> T:
+    """``lookup``'s result; an unknown organization or key is a 404."""
+    try:
+        return await lookup
+    except NotFound as exc:
+        raise ApiError(404, str(exc), code="not_found") from None
 
 
 async def get_orgs(request: Request) -> Response:
@@ -140,18 +146,12 @@ async def post_orgs(request: Request) -> Response:
 async def post_credits(request: Request) -> Response:
     db = _changing(request)
     amount = _usd((await _body(request)).get("amount_usd"), "amount_usd")
-    try:
-        org = await credit_org(db, request.path_params["name"], amount)
-    except NotFound as exc:
-        raise _not_found(exc) from None
+    org = await _found(credit_org(db, request.path_params["name"], amount))
     return JSONResponse(_org_json(org))
 
 
 async def get_keys(request: Request) -> Response:
-    try:
-        keys = await list_keys(_db(request), request.path_params["name"])
-    except NotFound as exc:
-        raise _not_found(exc) from None
+    keys = await _found(list_keys(_db(request), request.path_params["name"]))
     return JSONResponse({"object": "list", "data": [_key_json(k) for k in keys]})
 
 
@@ -160,10 +160,7 @@ async def post_keys(request: Request) -> Response:
     models = (await _body(request)).get("models")
     if models is not None and (not isinstance(models, list) or not models or len(models) > MAX_MODELS or not all(isinstance(m, str) and m.strip() for m in models)):
         raise invalid(f"'models' must be null (every model) or a list of 1 to {MAX_MODELS} model ids.", param="models")
-    try:
-        new = await create_key(db, request.path_params["name"], models=models)
-    except NotFound as exc:
-        raise _not_found(exc) from None
+    new = await _found(create_key(db, request.path_params["name"], models=models))
     return JSONResponse({**_key_json(new.info), "key": new.key}, status_code=201, headers={"Cache-Control": "no-store"})
 
 
@@ -172,10 +169,7 @@ async def post_revoke(request: Request) -> Response:
     prefix = request.path_params["prefix"]
     if not prefix.startswith(KEY_SCHEME) or key_prefix(prefix) != prefix:
         raise invalid(f"Revoke by the key's visible prefix ({KEY_SCHEME} and 8 characters), never the whole key.", param="prefix")
-    try:
-        info = await revoke_key(db, prefix)
-    except NotFound as exc:
-        raise _not_found(exc) from None
+    info = await _found(revoke_key(db, prefix))
     accounts = request.app.state.accounts
     if accounts.auth is not None:
         accounts.auth.invalidate()  # this replica refuses it at once; others within the cache TTL

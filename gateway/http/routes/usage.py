@@ -137,11 +137,6 @@ def _require_admin(request: Request) -> None:
         raise ApiError(401, "A valid admin token is required.", code="invalid_api_key")
 
 
-async def _maintenance_state(accounts: Accounts) -> dict[str, Any]:
-    on, retry_after = await accounts.maintenance.state()
-    return {"maintenance": on, "retry_after": retry_after}
-
-
 async def maintenance(request: Request) -> Response:
     from ...store.redis.connection import BACKEND_ERRORS
 
@@ -161,7 +156,8 @@ async def _maintenance(request: Request, accounts: Accounts) -> Response:
         if isinstance(retry_after, bool) or not isinstance(retry_after, int) or not 1 <= retry_after <= MAX_RETRY_AFTER:
             raise invalid(f"'retry_after' must be an integer number of seconds from 1 to {MAX_RETRY_AFTER}.", param="retry_after")
         await accounts.maintenance.set(body["on"], retry_after)
-    return JSONResponse(await _maintenance_state(accounts))
+    on, retry_after = await accounts.maintenance.state()
+    return JSONResponse({"maintenance": on, "retry_after": retry_after})
 
 
 def hosted_routes(accounts: Accounts) -> list[Route]:

@@ -41,8 +41,7 @@ class CancelChannel:
         self._task = asyncio.create_task(self._listen(), name=f"kiln-cancel-{self.ctx.replica}")
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._answers) if t is not None]
-        self._task = None
+        tasks, self._task = [self._task, *self._answers], None
         await stop_tasks(tasks)
 
     async def request(self, replica: str, response_id: str, timeout_s: float) -> dict[str, Any] | None:

@@ -19,24 +19,17 @@ class RedisConversationStore:
         self.ctx = ctx
         self.prefix = ctx.keys.conversations
         self.max_entries = max_entries
-        self._max_bytes = max_bytes
+        self.max_bytes = max_bytes
+        self.enabled = max_entries > 0
         self.ttl_ms = int(ttl_s * 1000)
 
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0
-
-    @property
-    def max_bytes(self) -> int:
-        return self._max_bytes
-
     def _limits(self) -> list[int]:
-        return [self.max_entries, self._max_bytes]
+        return [self.max_entries, self.max_bytes]
 
     def _fits(self, key: str, written: Any) -> None:
         """A write script's answer: below 0, minus the size the conversation would have had."""
         if isinstance(written, int) and written < 0:
-            limit, owned = conversation_limit(key, self._max_bytes)
+            limit, owned = conversation_limit(key, self.max_bytes)
             raise ConversationFull(-written, limit, owned=owned)
 
     async def _raw(self, key: str) -> tuple[dict[str, str], list[str]] | None:

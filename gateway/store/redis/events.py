@@ -130,8 +130,7 @@ class RedisRecorder:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            await stop_tasks([task])
+        await stop_tasks([task])
 
 
 class RedisEventReader:

@@ -170,9 +170,7 @@ class RedisJobBoard:
             if job is not None:
                 log.warning("background response taken over by another replica; stopping it here", extra={"response_id": job.response.id})
                 job.extra["taken_over"] = True
-                job.generation.cancel()
-                if job.task is not None:
-                    job.task.cancel()
+                job.stop()
 
     async def _sweep_loop(self) -> None:
         await asyncio.sleep(random.uniform(0, self.renew_every_s))  # replicas sweep at different times

@@ -80,8 +80,7 @@ class RedisLiveRegistry:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            await stop_tasks([task])
+        await stop_tasks([task])
 
     async def _renew_loop(self) -> None:
         while True:

@@ -28,17 +28,10 @@ class RedisResponseStore:
         self.ctx = ctx
         self.prefix = ctx.keys.responses
         self.max_entries = max_entries
-        self._max_bytes = max_bytes
+        self.max_bytes = max_bytes
+        self.enabled = max_entries > 0
         self.ttl_s = ttl_s
         self.ephemeral_ttl_s = ephemeral_ttl_s
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0
-
-    @property
-    def max_bytes(self) -> int:
-        return self._max_bytes
 
     def size_of(self, stored: StoredResponse) -> int:
         return stored.size()
@@ -48,7 +41,7 @@ class RedisResponseStore:
         what ending a background job stores)."""
         ttl = self.ephemeral_ttl_s if stored.ephemeral else self.ttl_s
         owner = "" if stored.owner is None else str(stored.owner)
-        return [encode(stored), stored.size(), int(ttl * 1000), self.max_entries, self._max_bytes, owner]
+        return [encode(stored), stored.size(), int(ttl * 1000), self.max_entries, self.max_bytes, owner]
 
     @guarded
     async def put(self, stored: StoredResponse) -> bool:
@@ -65,4 +58,4 @@ class RedisResponseStore:
     @guarded
     async def stats(self) -> dict[str, int]:
         entries, used = await self.ctx.run(scripts.STATS, self.prefix)
-        return {"entries": int(entries), "bytes": int(used), "max_bytes": self._max_bytes}
+        return {"entries": int(entries), "bytes": int(used), "max_bytes": self.max_bytes}
