@@ -457,10 +457,27 @@ static inline __attribute__((always_inline)) void ggml_tile_k256(const int M, co
 #define KILN_GGML_512 1
 /* Lane l of 16 takes element (base + l / per) of a vector: spreading per-group (8 lanes each)
  * or per-16-weights (4 lanes each) scales over vpdpbusd's int32 lanes. */
-static inline __m512i spread_idx(int base, int per) {
-    int32_t v[16];
-    for (int l = 0; l < 16; l++) v[l] = base + l / per;
-    return _mm512_loadu_si512(v);
+static inline __attribute__((always_inline)) __m512i spread_idx(int base, int per) { /* constants where inlined */
+#define KILN_AT(l) base + (l) / per
+    return _mm512_setr_epi32(KILN_AT(0), KILN_AT(1), KILN_AT(2), KILN_AT(3), KILN_AT(4), KILN_AT(5), KILN_AT(6), KILN_AT(7),
+                             KILN_AT(8), KILN_AT(9), KILN_AT(10), KILN_AT(11), KILN_AT(12), KILN_AT(13), KILN_AT(14), KILN_AT(15));
+#undef KILN_AT
+}
+
+/* One row's share of 256 weights in 64-byte vectors u whose scale and offset go by group of 32
+ * (Q4_K/Q5_K's d sc and dmin m; a block type's d and f z - min): lanes of group j take
+ * scale_j dx_j, the offsets go per 16 against the activations' sums. */
+static inline __attribute__((always_inline)) void row_by_group512(const __m512i u[4], const kiln_act *a, long r, int g, __m512 scale, __m512 offset, int split, __m512 *acc, __m512 *acc2, __m512 *cor) {
+    const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
+    const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a->gd + r * a->gd_ld + g));
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
+    const __m512 cf = _mm512_mul_ps(scale, dx8);
+    *cor = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread_idx(0, 2), _mm512_mul_ps(offset, dx8)), isum, *cor);
+    for (int c = 0; c < 4; c++) { /* vector c holds groups 2c and 2c + 1; two chains where registers allow */
+        const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], _mm512_loadu_si512(xq + 64 * c));
+        __m512 *into = split && c >= 2 ? acc2 : acc;
+        *into = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(spread_idx(2 * c, 8), cf), *into);
+    }
 }
 
 /* Q4_K, Q5_K and Q6_K with 512-bit integer dot products, a super-block (256 weights) at a time.
@@ -482,8 +499,6 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
     const int split = M <= 2;
     for (int m = 0; m < M; m++) acc[m] = acc2[m] = cor[m] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(15), two = _mm512_set1_epi8(0x30);
-    const __m512i by8_0 = spread_idx(0, 8), by8_1 = spread_idx(2, 8), by8_2 = spread_idx(4, 8), by8_3 = spread_idx(6, 8);
-    const __m512i by4_0 = spread_idx(0, 4), by4_1 = spread_idx(4, 4), by4_2 = spread_idx(8, 4), by4_3 = spread_idx(12, 4);
     const __m512i by2 = spread_idx(0, 2);
     const int q4 = type == KILN_Q4_K || type == KILN_Q5_K, q5 = type == KILN_Q5_K; /* q4: scales and mins */
     const long bytes = q5 ? 176 : q4 ? 144 : 210;
@@ -523,32 +538,20 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
         const int g = sb * 8;
         for (int m = 0; m < M; m++) {
             const long r = m0 + m;
+            if (q4) { /* Q4_K, Q5_K per group: d * sc * dx; the mins per 16 weights: dmin * m * dx */
+                row_by_group512(u, a, r, g, wsc, wmn, split, &acc[m], &acc2[m], &cor[m]);
+                continue;
+            }
+            /* Q6_K per 16 weights: d * sc * dx; the zero point: 32 * that * sum(xi) */
             const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
             const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a->gd + r * a->gd_ld + g));
             const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
-            __m512 cf;
-            __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512(xq));
-            __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_loadu_si512(xq + 64));
-            __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], _mm512_loadu_si512(xq + 128));
-            __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], _mm512_loadu_si512(xq + 192));
-            if (q4) { /* Q4_K, Q5_K per group: d * sc * dx; the mins per 16 weights: dmin * m * dx */
-                cf = _mm512_mul_ps(wsc, dx8);
-                cor[m] = _mm512_fmadd_ps(_mm512_permutexvar_ps(by2, _mm512_mul_ps(wmn, dx8)), isum, cor[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by8_0, cf), acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by8_1, cf), acc[m]);
-                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc2[m]);
-                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc[m]);
-                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc2[m]);
-                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc[m]);
-            } else { /* per 16 weights: d * sc * dx; the zero point: 32 * that * sum(xi) */
-                cf = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(by2, dx8));
-                cor[m] = _mm512_fmadd_ps(_mm512_mul_ps(cf, _mm512_set1_ps(32.f)), isum, cor[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by4_0, cf), acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by4_1, cf), acc[m]);
-                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by4_2, cf), acc2[m]);
-                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by4_2, cf), acc[m]);
-                if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc2[m]);
-                else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by4_3, cf), acc[m]);
+            const __m512 cf = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(by2, dx8));
+            cor[m] = _mm512_fmadd_ps(_mm512_mul_ps(cf, _mm512_set1_ps(32.f)), isum, cor[m]);
+            for (int c = 0; c < 4; c++) {
+                const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], _mm512_loadu_si512(xq + 64 * c));
+                __m512 *into = split && c >= 2 ? &acc2[m] : &acc[m];
+                *into = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(spread_idx(4 * c, 4), cf), *into);
             }
         }
     }
@@ -576,8 +579,6 @@ static inline __attribute__((always_inline)) void ggml_tile_b512(const int M, co
     __m512 acc[KILN_QMM_MAX_ROWS], acc2[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
     const int split = M <= 2;
     for (int m = 0; m < M; m++) acc[m] = acc2[m] = cor[m] = _mm512_setzero_ps();
-    const __m512i by8_0 = spread_idx(0, 8), by8_1 = spread_idx(2, 8), by8_2 = spread_idx(4, 8), by8_3 = spread_idx(6, 8);
-    const __m512i by2 = spread_idx(0, 2);
     const long bb = kiln_ggml_row_bytes(type, 32); /* one block */
     const int with_min = type == KILN_Q4_1 || type == KILN_Q5_1;
     const float z = type == KILN_Q4_0 ? 8.f : type == KILN_Q5_0 ? 16.f : type == KILN_Q8_0 || type == KILN_IQ4_NL ? 128.f : 0.f;
@@ -596,26 +597,7 @@ static inline __attribute__((always_inline)) void ggml_tile_b512(const int M, co
             const kiln_group G0 = group_of(type, b, 2 * c), G1 = group_of(type, b, 2 * c + 1);
             u[c] = _mm512_inserti64x4(_mm512_castsi256_si512(group_u256(type, &G0)), group_u256(type, &G1), 1);
         }
-        const __m512 f512 = _mm512_castps256_ps512(f), off512 = _mm512_castps256_ps512(off);
-        const int g = sb * 8;
-        for (int m = 0; m < M; m++) {
-            const long r = m0 + m;
-            const int8_t *xq = a->gq + r * a->gq_ld + g * 32;
-            const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a->gd + r * a->gd_ld + g));
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
-            const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512(xq));
-            const __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_loadu_si512(xq + 64));
-            const __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], _mm512_loadu_si512(xq + 128));
-            const __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], _mm512_loadu_si512(xq + 192));
-            const __m512 cf = _mm512_mul_ps(f512, dx8);
-            cor[m] = _mm512_fmadd_ps(_mm512_permutexvar_ps(by2, _mm512_mul_ps(off512, dx8)), isum, cor[m]);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(by8_0, cf), acc[m]);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(by8_1, cf), acc[m]);
-            if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc2[m]);
-            else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i2), _mm512_permutexvar_ps(by8_2, cf), acc[m]);
-            if (split) acc2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc2[m]);
-            else acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i3), _mm512_permutexvar_ps(by8_3, cf), acc[m]);
-        }
+        for (int m = 0; m < M; m++) row_by_group512(u, a, m0 + m, sb * 8, _mm512_castps256_ps512(f), _mm512_castps256_ps512(off), split, &acc[m], &acc2[m], &cor[m]);
     }
     for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc[m], acc2[m]), cor[m]));
 }
