@@ -215,10 +215,6 @@ void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *
     }
 }
 
-/* y (M, N) = x (M, K) @ W.T in float32, each group of W dequantized in registers exactly as
- * kiln_ggml_dequant does: dequantize-then-multiply up to the order of float sums, reading W
- * once for all M rows. mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
- * reference the native pass is checked against, without a float copy of W. */
 /* R rows of x (R a constant where it is inlined, so that their sums can stay in registers)
  * against one row of W. */
 static inline __attribute__((always_inline)) void exact_rows(const int R, int type, const uint8_t *row, int K, const float *x, float *y, long ldy) {
@@ -236,6 +232,10 @@ static inline __attribute__((always_inline)) void exact_rows(const int R, int ty
     }
 }
 
+/* y (M, N) = x (M, K) @ W.T in float32, each group of W dequantized in registers exactly as
+ * kiln_ggml_dequant does: dequantize-then-multiply up to the order of float sums, reading W
+ * once for all M rows (each group dequantized once per 8). mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
+ * reference the native pass is checked against, without a float copy of W. */
 int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
     long rb = kiln_ggml_row_bytes(type, K);
     if (M < 1 || rb < 0) return -1;
@@ -464,6 +464,16 @@ static inline __attribute__((always_inline)) __m512i spread_idx(int base, int pe
 #undef KILN_AT
 }
 
+/* acc (acc2 for vectors 2-3 when split) += the 64-byte vectors u against a row's 256 activations
+ * at xq, lanes scaled by cf spread `per` lanes an element (8: a scale per group of 32, 4: per 16). */
+static inline __attribute__((always_inline)) void dot4_512(const __m512i u[4], const int8_t *xq, __m512 cf, int per, int split, __m512 *acc, __m512 *acc2) {
+    for (int c = 0; c < 4; c++) {
+        const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], _mm512_loadu_si512(xq + 64 * c));
+        __m512 *into = split && c >= 2 ? acc2 : acc;
+        *into = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(spread_idx(c * 16 / per, per), cf), *into);
+    }
+}
+
 /* One row's share of 256 weights in 64-byte vectors u whose scale and offset go by group of 32
  * (Q4_K/Q5_K's d sc and dmin m; a block type's d and f z - min): lanes of group j take
  * scale_j dx_j, the offsets go per 16 against the activations' sums. */
@@ -473,11 +483,7 @@ static inline __attribute__((always_inline)) void row_by_group512(const __m512i 
     const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
     const __m512 cf = _mm512_mul_ps(scale, dx8);
     *cor = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread_idx(0, 2), _mm512_mul_ps(offset, dx8)), isum, *cor);
-    for (int c = 0; c < 4; c++) { /* vector c holds groups 2c and 2c + 1; two chains where registers allow */
-        const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], _mm512_loadu_si512(xq + 64 * c));
-        __m512 *into = split && c >= 2 ? acc2 : acc;
-        *into = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(spread_idx(2 * c, 8), cf), *into);
-    }
+    dot4_512(u, xq, cf, 8, split, acc, acc2); /* vector c holds groups 2c and 2c + 1 */
 }
 
 /* Q4_K, Q5_K and Q6_K with 512-bit integer dot products, a super-block (256 weights) at a time.
@@ -548,11 +554,7 @@ static inline __attribute__((always_inline)) void ggml_tile_k512(const int M, co
             const __m512 isum = _mm512_cvtepi32_ps(_mm512_loadu_si512(a->gsum + r * a->gsum_ld + 2 * g));
             const __m512 cf = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(by2, dx8));
             cor[m] = _mm512_fmadd_ps(_mm512_mul_ps(cf, _mm512_set1_ps(32.f)), isum, cor[m]);
-            for (int c = 0; c < 4; c++) {
-                const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], _mm512_loadu_si512(xq + 64 * c));
-                __m512 *into = split && c >= 2 ? &acc2[m] : &acc[m];
-                *into = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(spread_idx(4 * c, 4), cf), *into);
-            }
+            dot4_512(u, xq, cf, 4, split, &acc[m], &acc2[m]);
         }
     }
     for (int m = 0; m < M; m++) y[m * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(acc[m], acc2[m]), cor[m]));
@@ -581,7 +583,7 @@ static inline __attribute__((always_inline)) void ggml_tile_b512(const int M, co
     for (int m = 0; m < M; m++) acc[m] = acc2[m] = cor[m] = _mm512_setzero_ps();
     const long bb = kiln_ggml_row_bytes(type, 32); /* one block */
     const int with_min = type == KILN_Q4_1 || type == KILN_Q5_1;
-    const float z = type == KILN_Q4_0 ? 8.f : type == KILN_Q5_0 ? 16.f : type == KILN_Q8_0 || type == KILN_IQ4_NL ? 128.f : 0.f;
+    const float z = (float)group_of(type, row, 0).z; /* the type's zero point (the table at the top) */
     for (int sb = 0; sb < K / 256; sb++) {
         const uint8_t *b = row + (size_t)sb * 8 * bb;
         for (long l = 0; l < 8 * bb; l += 64) _mm_prefetch((const char *)(b + 8 * bb + l), _MM_HINT_T0);
