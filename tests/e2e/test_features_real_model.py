@@ -77,7 +77,7 @@ class Person(BaseModel):
 
 
 def test_responses_parse_with_pydantic(openai_client):
-    parsed = openai_client.responses.parse(model=MODEL, input="Invent a person: a name and an age.", text_format=Person, max_output_tokens=60)
+    parsed = openai_client.responses.parse(model=MODEL, input="Invent a person: a name and an age.", text_format=Person, max_output_tokens=200, temperature=0)
     assert isinstance(parsed.output_parsed, Person)
 
 
