@@ -98,7 +98,8 @@ class Person(BaseModel):
 
 
 def test_parse_with_pydantic(openai_client):
-    raw = openai_client.chat.completions.with_raw_response.parse(model=MODEL, messages=[{"role": "user", "content": "Invent a person: a name and an age."}], response_format=Person, max_tokens=200, temperature=0)
+    messages = [{"role": "user", "content": "Invent a person: a name and an age."}]
+    raw = openai_client.chat.completions.with_raw_response.parse(model=MODEL, messages=messages, response_format=Person, max_tokens=200, temperature=0)
     # What was on the wire conforms (the SDK's parsed object adds client-side fields such as 'parsed').
     assert_component(raw.http_response.json(), "CreateChatCompletionResponse")
     parsed = raw.parse()
