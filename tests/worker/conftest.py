@@ -1,13 +1,17 @@
-"""Fixtures for the worker's loading tests: the bundled GGUF and an mlx-lm folder made from it.
+"""Fixtures for the worker's tests: the bundled GGUF and an mlx-lm folder made from it, and every
+build of the native kernels this CPU runs.
 
 Loading is the slow part of these tests, so the loaded models are shared per session.
 """
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
+
+from kiln.worker.native import build as native
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +46,20 @@ def mlx_folder(tmp_path_factory, gguf_path) -> Path:
     from kiln.worker.loading.export import export_folder
 
     return export_folder(gguf_path, tmp_path_factory.mktemp("smollm2-mlx"))
+
+
+@pytest.fixture(scope="module", params=[v.name for v in native.variants()])
+def kernel(request):
+    """Every build of the kernels this CPU runs (the portable one included); test_native.py has its
+    own (the one build this machine loads)."""
+    compiler = native._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler for the native CPU kernels")
+    variant = next(v for v in native.variants() if v.name == request.param)
+    _, flags = native._cpu_flags()
+    if flags is not None and not variant.needs <= flags:
+        pytest.skip(f"this CPU lacks {variant.name}")
+    library = native._build(compiler, variant)
+    if not native._runs_here(library):
+        pytest.skip(f"{variant.name} does not run here")
+    return native.CpuKernels(ctypes.CDLL(str(library)), variant.name)

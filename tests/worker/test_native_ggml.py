@@ -12,7 +12,6 @@ half its block's scale, so the product is off by at most sum_l |w_l| d_l / 2 mor
 
 from __future__ import annotations
 
-import ctypes
 import logging
 
 import mlx.core as mx
@@ -22,28 +21,10 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
-from kiln.worker.native import build as native
-
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
 # Byte offsets of each type's float16 block fields (d, and m / dmin where the type has one).
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
               Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}  # fmt: skip
-
-
-@pytest.fixture(scope="module", params=[v.name for v in native.variants()])
-def kernel(request):
-    """Every build of the kernels this CPU runs (the portable one included)."""
-    compiler = native._compiler()
-    if compiler is None:
-        pytest.skip("no C compiler for the native CPU kernels")
-    variant = next(v for v in native.variants() if v.name == request.param)
-    _, flags = native._cpu_flags()
-    if flags is not None and not variant.needs <= flags:
-        pytest.skip(f"this CPU lacks {variant.name}")
-    library = native._build(compiler, variant)
-    if not native._runs_here(library):
-        pytest.skip(f"{variant.name} does not run here")
-    return native.CpuKernels(ctypes.CDLL(str(library)), variant.name)
 
 
 def blocks(rng: np.random.Generator, qtype: Q, rows: int, k: int, scales: str = "random") -> np.ndarray:
@@ -211,6 +192,11 @@ def test_q4_k_m_model_decodes_natively_from_its_blocks(tmp_path, tokenizer_md, c
     from mlx.utils import tree_flatten
 
     assert all(v.ndim == 1 for _, v in tree_flatten(model.parameters()))
+    # Where the build has panel loops (panels.c), every matrix was read once into panels.
+    from kiln.worker.loading.ggml_blocks import ggml_weights
+
+    matrices = [w for _, m in model.named_modules() if (w := ggml_weights(m)) is not None]
+    assert {w.repacked for w in matrices} == {matrices[0].kernel.panels}
     with caplog.at_level(logging.INFO, logger="kiln.worker.engine.native_decode"):
         decoder = NativeDecoder.build(model)
     assert decoder is not None

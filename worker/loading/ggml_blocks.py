@@ -22,6 +22,8 @@ The blocks are not mlx parameters: nothing in mlx sees them or copies them.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -42,13 +44,23 @@ _PIECE_FLOATS = 1 << 23
 # Rows up to which a product inside mlx's graph dequantizes in registers (reading the weights
 # once per 8 rows) rather than into pieces for BLAS.
 EXACT_KERNEL_MAX_ROWS = 32
+# "0" keeps every matrix in the file's row layout (for measuring what panels bring).
+PANELS_ENV = "KILN_NATIVE_PANELS"
+
+
+def _panels_wanted() -> bool:
+    return os.environ.get(PANELS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class GGMLWeights:
-    """One matrix as a GGUF stores it: ``out_dims`` rows of ``in_dims`` weights in blocks."""
+    """One matrix as a GGUF stores it: ``out_dims`` rows of ``in_dims`` weights in blocks.
 
-    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels) -> None:
-        self.blocks = blocks  # (out_dims, row bytes) uint8, a view of the memory-mapped file
+    Where the kernels have panel loops for its type (Q4_K, Q6_K: worker/native/panels.c) the
+    blocks are read once into panels of 16 rows, ``repacked`` says so, and the file's bytes are
+    not read again (the loader then lets their pages go): one-row decoding multiplies 16 rows at
+    a time, and every other reader gets each row back bit for bit."""
+
+    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels, panels: bool = True) -> None:
         self.type_name = type_name
         self.type_id = TYPE_IDS[type_name]
         self.in_dims = in_dims
@@ -56,6 +68,10 @@ class GGMLWeights:
         self.kernel = kernel
         if kernel.ggml_row_bytes(self.type_id, in_dims) != blocks.shape[1]:
             raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
+        repacked = kernel.ggml_panels(blocks, self.type_id, in_dims) if panels and _panels_wanted() else None
+        self.repacked = repacked is not None
+        # (out_dims, row bytes) uint8: a view of the memory-mapped file, or its panels
+        self.blocks, self.type_id = repacked if repacked is not None else (blocks, self.type_id)
 
     def dequantize(self, rows: np.ndarray | None = None) -> np.ndarray:
         """Rows (all, or those named) as float32."""
@@ -76,7 +92,7 @@ class GGMLWeights:
             rows = np.ascontiguousarray(np.asarray(flat))
             product = self.kernel.ggml_matmul(rows, self.blocks, self.type_id, self.in_dims, exact=True)
             return mx.array(product).reshape(*x.shape[:-1], self.out_dims)
-        step = max(1, _PIECE_FLOATS // self.in_dims)
+        step = max(16, _PIECE_FLOATS // self.in_dims // 16 * 16)  # whole panels
         parts: list[mx.array] = []
         for start in range(0, self.out_dims, step):
             piece = mx.array(self.kernel.ggml_dequantize(self.blocks[start : start + step], self.type_id, self.in_dims))

@@ -25,7 +25,7 @@ from .errors import UnsupportedModelError
 from .ggml_blocks import AFFINE_FILE_TYPES, KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_header import GGUFHeader, read_header
-from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf
+from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf, release_pages
 from .gguf_vocab import UnsupportedTokenizerError
 from .info import ModelInfo
 from .tokenizer import Tokenizer
@@ -153,6 +153,8 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
         path = target[: -len(".weight")]
         module = modules.get(path)
         blocks = GGMLWeights(data, type_name, in_dims, kernel)
+        if blocks.repacked:
+            release_pages(data)
         if isinstance(module, nn.Embedding):
             replaced.append((path, GGMLEmbedding(blocks)))
         elif isinstance(module, nn.Linear):

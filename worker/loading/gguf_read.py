@@ -15,6 +15,7 @@ A tensor type neither path knows fails the load with the tensor's and type's nam
 
 from __future__ import annotations
 
+import mmap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,3 +147,21 @@ def read_gguf(path: str | Path, keep: frozenset[str] = frozenset(), header: GGUF
             tensors[info.name] = gguf_quants.dense(data, type_name)
     del mapped  # the kept blocks hold the mapping open
     return GGUFContents(tensors, _metadata(header), types, blocks)
+
+
+def release_pages(view: np.ndarray) -> None:
+    """Let go of the pages of a view of a mapped GGUF (read_gguf's blocks) that nothing reads any
+    more: a matrix read once into panels (ggml_blocks.GGMLWeights) would otherwise keep the
+    file's copy resident beside them. The mapping is read-only and file-backed, so a page read
+    again later comes back from the file. Anything that is not such a view is left alone."""
+    root, base = view, view.base
+    while isinstance(base, np.ndarray):  # views of views, down to the np.memmap over the mmap
+        root, base = base, base.base
+    if not isinstance(base, mmap.mmap):
+        return
+    start = view.ctypes.data - root.ctypes.data + int(getattr(root, "offset", 0)) % mmap.ALLOCATIONGRANULARITY
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        base.madvise(mmap.MADV_DONTNEED, first, end - first)
+

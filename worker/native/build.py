@@ -47,9 +47,10 @@ from .threads import TeamSize
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCE = HERE / "decode.c"  # includes qmatmul.c, ggml.c, gemm.c and attention.c
-SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", HERE / "gemm.c", HERE / "attention.c", SOURCE)
+SOURCE = HERE / "decode.c"  # includes qmatmul.c, ggml.c, panels.c, gemm.c and attention.c
+SOURCES = (HERE / "qmatmul.c", HERE / "ggml.c", HERE / "panels.c", HERE / "gemm.c", HERE / "attention.c", SOURCE)
 DISABLE_ENV = "KILN_NATIVE_KERNELS"
+X16 = 0x100  # or'ed into a GGML type id: the matrix in panels of 16 rows (panels.c)
 CACHE_ENV = "KILN_NATIVE_CACHE"
 PORTABLE_ENV = "KILN_NATIVE_PORTABLE"
 # Every variant's code generation flags, then those that make it a shared library (separate
@@ -112,6 +113,10 @@ class CpuKernels:
         self.int8: bool = bool(library.kiln_has_int8())
         # Whether this build multiplies prompt-sized chunks by GGUF blocks with its GEMM (gemm.c).
         self.gemm: bool = bool(library.kiln_has_gemm())
+        # Whether this build multiplies Q4_K / Q6_K matrices re-laid in panels of 16 rows (panels.c).
+        self.panels: bool = bool(library.kiln_has_panels())
+        library.kiln_ggml_pack_x16.argtypes = [i32, i32, i32, ptr, ptr]
+        library.kiln_ggml_pack_x16.restype = i32
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
@@ -200,6 +205,22 @@ class CpuKernels:
         """Bytes of one row of k weights of GGML type ``type_id``, or -1 where the kernels do not
         read that type (or k is not a whole number of its blocks)."""
         return int(self._lib.kiln_ggml_row_bytes(type_id, k))
+
+    def ggml_panels(self, blocks: np.ndarray, type_id: int, k: int) -> tuple[np.ndarray, int] | None:
+        """A GGUF matrix's blocks re-laid in panels of 16 rows (panels.c) and the type id they
+        are read as, or None where this build has no loops for them, the type has no panels or
+        the rows are not a multiple of 16. The panels are a new array; ``blocks`` is only read."""
+        n = blocks.shape[0]
+        if not self.panels or n % 16 or self.ggml_row_bytes(type_id, k) != blocks.shape[1] or not blocks.flags.c_contiguous:
+            return None
+        panel_type = type_id | X16
+        if self.ggml_row_bytes(panel_type, k) < 0:
+            return None
+        out = np.empty((n, self.ggml_row_bytes(panel_type, k)), dtype=np.uint8)
+        self.enter()
+        if self._lib.kiln_ggml_pack_x16(type_id, n, k, blocks.ctypes.data, out.ctypes.data) != panel_type:
+            return None
+        return out, panel_type
 
     def ggml_matmul(self, x: np.ndarray, blocks: np.ndarray, type_id: int, k: int, exact: bool = False) -> np.ndarray:
         """``x @ W.T`` for W stored as a GGUF's blocks of ``type_id`` (rows x row bytes, uint8),

@@ -203,6 +203,7 @@ typedef struct {
 } kiln_act;
 
 #include "ggml.c"
+#include "panels.c"
 #include "gemm.c"
 
 #ifdef KILN_INT8
@@ -410,11 +411,21 @@ static inline __attribute__((always_inline)) void qdot_tile(const int M, const k
 }
 #endif
 
-/* Column o of w for rows m0 .. m0 + M - 1 of a, into y[m * ldy] (y already offset by o). */
+/* The columns one share of a product's work covers: a panel's 16 (panels.c), else one. */
+static inline int unit_columns(const kiln_qw *w) { return w->type & KILN_X16 ? X16_ROWS : 1; }
+
+/* Column o of w for rows m0 .. m0 + M - 1 of a, into y[m * ldy] (y already offset by o); where
+ * w is in panels, o is a panel's first column and the share is its 16. */
 static void product_column(const kiln_qw *w, int o, const kiln_act *a, int int8, float *y, long ldy) {
     for (int m0 = 0; m0 < a->M; m0 += KILN_QMM_MAX_ROWS) {
         int M = a->M - m0 < KILN_QMM_MAX_ROWS ? a->M - m0 : KILN_QMM_MAX_ROWS;
         float *ym = y + m0 * ldy;
+#ifdef KILN_GGML_512
+        if (w->type & KILN_X16) {
+            x16_panel(w, o / X16_ROWS, a, m0, M, ym - o, ldy);
+            continue;
+        }
+#endif
         if (w->type) {
 #define KILN_TILE(n) case n: ggml_tile(n, w, o, a, m0, ym, ldy); break;
             switch (M) { KILN_TILE(1) KILN_TILE(2) KILN_TILE(3) KILN_TILE(4) KILN_TILE(5) KILN_TILE(6) KILN_TILE(7) KILN_TILE(8) }
@@ -462,11 +473,15 @@ static void products(const kiln_job *jobs, int n_jobs, const kiln_act *a, int in
     }
 #endif
     int total = 0;
-    for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n;
+    for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n / unit_columns(jobs[j].w);
 #pragma omp for schedule(static)
     for (int c = 0; c < total; c++) {
-        int j = 0, o = c;
-        while (o >= jobs[j].w->n) o -= jobs[j++].w->n;
+        int j = 0, u = c;
+        while (u >= jobs[j].w->n / unit_columns(jobs[j].w)) {
+            u -= jobs[j].w->n / unit_columns(jobs[j].w);
+            j++;
+        }
+        const int o = u * unit_columns(jobs[j].w);
         product_column(jobs[j].w, o, a, int8, jobs[j].y + o, jobs[j].ldy);
     }
 }
@@ -824,5 +839,6 @@ int kiln_selftest(void) {
         if (fabsf(y[0] - ref4) > 1e-3f * fabsf(ref4) + 1e-3f || fabsf(y[1] - ref8) > 1e-3f * fabsf(ref8) + 1e-3f) return 2;
     }
     if (ggml_selftest()) return 3; /* the GGUF block products (ggml.c) */
+    if (x16_selftest()) return 4; /* the same in panels (panels.c) */
     return 0;
 }

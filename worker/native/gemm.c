@@ -138,11 +138,13 @@ static int gemm_column_tile(const kiln_qw *w, int t, const kiln_act *a, float *y
     uint8_t *u = gemm_scratch(gemm_tile_bytes(K));
     if (!u) return -2;
     float *s0 = (float *)(u + (size_t)K * GEMM_COLS), *s1 = s0 + (size_t)G * GEMM_COLS, *mt = s1 + (size_t)G * GEMM_COLS;
-    gemm_pack(w->type, w->q, kiln_ggml_row_bytes(w->type, K), o0, n, K, u, s0, s1, mt);
+    if (w->type & KILN_X16) x16_gemm_pack(w->type, w->q + (size_t)t * (K / 256) * x16_sb_bytes(w->type), K, u, s0, s1, mt); /* tile t is panel t */
+    else gemm_pack(w->type, w->q, kiln_ggml_row_bytes(w->type, K), o0, n, K, u, s0, s1, mt);
+    const int type = x16_base(w->type); /* the tile is the same for a matrix in panels */
     for (int r0 = 0; r0 < a->M; r0 += GEMM_ROWS) {
         int R = a->M - r0 < GEMM_ROWS ? a->M - r0 : GEMM_ROWS;
         float *yr = y + (size_t)r0 * ldy + o0;
-        switch (w->type) { /* one instance per type, so the checks on it fold away */
+        switch (type) { /* one instance per type, so the checks on it fold away */
         case KILN_Q4_K:
             if (R == GEMM_ROWS) gemm_rows(GEMM_ROWS, KILN_Q4_K, K, a, r0, u, s0, s1, mt, yr, ldy, n);
             else gemm_rows(R, KILN_Q4_K, K, a, r0, u, s0, s1, mt, yr, ldy, n);
@@ -154,7 +156,7 @@ static int gemm_column_tile(const kiln_qw *w, int t, const kiln_act *a, float *y
         case KILN_Q4_0: gemm_rows(R, KILN_Q4_0, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
         case KILN_Q8_0: gemm_rows(R, KILN_Q8_0, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
         case KILN_Q5_K: gemm_rows(R, KILN_Q5_K, K, a, r0, u, s0, s1, mt, yr, ldy, n); break;
-        default: gemm_rows(R, w->type, K, a, r0, u, s0, s1, mt, yr, ldy, n); break; /* Q4_1, Q5_0, Q5_1, IQ4 */
+        default: gemm_rows(R, type, K, a, r0, u, s0, s1, mt, yr, ldy, n); break; /* Q4_1, Q5_0, Q5_1, IQ4 */
         }
     }
     return 0;

@@ -40,7 +40,8 @@
 
 enum {
     KILN_AFFINE = 0, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7, KILN_Q8_0 = 8,
-    KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_IQ4_NL = 20, KILN_IQ4_XS = 23
+    KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_IQ4_NL = 20, KILN_IQ4_XS = 23,
+    KILN_X16 = 0x100 /* or'ed with Q4_K / Q6_K: the matrix in panels of 16 rows (panels.c) */
 };
 
 /* IQ4_NL / IQ4_XS levels (llama.cpp's kvalues_iq4nl) plus 128: the unsigned u of the form. */
@@ -49,6 +50,8 @@ static const uint8_t iq4_levels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141
 /* Bytes of one row of K weights of `type`, or -1 for a type or width the loops do not take. */
 long kiln_ggml_row_bytes(int type, long K) {
     switch (type) {
+    case KILN_Q4_K | KILN_X16: return K % 256 ? -1 : K / 256 * 148; /* a 16th of a panel's */
+    case KILN_Q6_K | KILN_X16: return K % 256 ? -1 : K / 256 * 210;
     case KILN_Q4_0: return K % 32 ? -1 : K / 32 * 18;
     case KILN_Q4_1: return K % 32 ? -1 : K / 32 * 20;
     case KILN_Q5_0: return K % 32 ? -1 : K / 32 * 22;
@@ -183,45 +186,54 @@ static inline void group_u(int type, const kiln_group *G, uint8_t u[32]) {
 static inline __m256i group_u256(int type, const kiln_group *G);
 #endif
 
-/* Group g of a row as 32 float32 weights, bit-exact with gguf-py's dequantize: never
- * contracted into fused multiply-adds (numpy rounds twice). */
-__attribute__((optimize("fp-contract=off"))) static inline void ggml_dequant_group(int type, const uint8_t *row, int g, float *o) {
-    kiln_group G = group_of(type, row, g);
-    float s0 = G.f * (float)G.c0, s1 = G.f * (float)G.c1;
-    uint8_t u[32];
+/* A group's 32 weights as float32 from its form (G, u), bit-exact with gguf-py's dequantize:
+ * never contracted into fused multiply-adds (numpy rounds twice). */
+__attribute__((optimize("fp-contract=off"))) static inline void ggml_group_values(const kiln_group *G, const uint8_t u[32], float *o) {
+    float s0 = G->f * (float)G->c0, s1 = G->f * (float)G->c1;
 #if defined(__AVX2__)
-    _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
-    const __m256i zv = _mm256_set1_epi32(G.z);
-    const __m256 mv = _mm256_set1_ps(G.mt);
+    const __m256i zv = _mm256_set1_epi32(G->z);
+    const __m256 mv = _mm256_set1_ps(G->mt);
     for (int e = 0; e < 4; e++) {
         __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 8 * e))), zv);
         __m256 p = _mm256_mul_ps(_mm256_set1_ps(e < 2 ? s0 : s1), _mm256_cvtepi32_ps(v));
         _mm256_storeu_ps(o + 8 * e, _mm256_sub_ps(p, mv));
     }
 #else
-    group_u(type, &G, u);
-    for (int l = 0; l < 32; l++) o[l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G.z) - G.mt;
+    for (int l = 0; l < 32; l++) o[l] = (l < 16 ? s0 : s1) * (float)((int)u[l] - G->z) - G->mt;
 #endif
 }
+
+/* Group g of a row as 32 float32 weights (ggml_group_values). */
+static inline void ggml_dequant_group(int type, const uint8_t *row, int g, float *o) {
+    kiln_group G = group_of(type, row, g);
+    uint8_t u[32];
+#if defined(__AVX2__)
+    _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
+#else
+    group_u(type, &G, u);
+#endif
+    ggml_group_values(&G, u, o);
+}
+
+/* Group g of row r of W (q: the file's rows, or panels where type has KILN_X16) as 32 float32
+ * weights, bit-exact either way (defined in panels.c, included after this file). */
+static inline void ggml_dequant_at(int type, const uint8_t *q, int K, long r, int g, float *o);
 
 /* Rows of K weights as float32 (bit-exact with gguf-py's dequantize); rows[i] picks the row
  * (NULL: rows 0 .. n - 1). */
 void kiln_ggml_dequant(int type, int n, int K, const uint8_t *q, const int32_t *rows, float *out) {
-    long rb = kiln_ggml_row_bytes(type, K);
 #pragma omp parallel for schedule(static) if ((long)n * K >= (1L << 20))
-    for (int r = 0; r < n; r++) {
-        const uint8_t *row = q + (size_t)(rows ? rows[r] : r) * rb;
-        for (int g = 0; g < K / 32; g++) ggml_dequant_group(type, row, g, out + (size_t)r * K + g * 32);
-    }
+    for (int r = 0; r < n; r++)
+        for (int g = 0; g < K / 32; g++) ggml_dequant_at(type, q, K, rows ? rows[r] : r, g, out + (size_t)r * K + g * 32);
 }
 
 /* R rows of x (R a constant where it is inlined, so that their sums can stay in registers)
- * against one row of W. */
-static inline __attribute__((always_inline)) void exact_rows(const int R, int type, const uint8_t *row, int K, const float *x, float *y, long ldy) {
+ * against row o of W. */
+static inline __attribute__((always_inline)) void exact_rows(const int R, int type, const uint8_t *q, int K, long o, const float *x, float *y, long ldy) {
     float acc[KILN_QMM_MAX_ROWS][32] = {{0}};
     float w[32];
     for (int g = 0; g < K / 32; g++) {
-        ggml_dequant_group(type, row, g, w);
+        ggml_dequant_at(type, q, K, o, g, w);
         for (int m = 0; m < R; m++)
             for (int l = 0; l < 32; l++) acc[m][l] += w[l] * x[(size_t)m * K + g * 32 + l];
     }
@@ -237,16 +249,14 @@ static inline __attribute__((always_inline)) void exact_rows(const int R, int ty
  * once for all M rows (each group dequantized once per 8). mlx's forward pass takes it for a few rows (ggml_blocks.py): the exact
  * reference the native pass is checked against, without a float copy of W. */
 int kiln_ggml_matmul_f32(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
-    long rb = kiln_ggml_row_bytes(type, K);
-    if (M < 1 || rb < 0) return -1;
+    if (M < 1 || kiln_ggml_row_bytes(type, K) < 0) return -1;
     int parallel = (long)M * N * K >= parallel_macs;
 #pragma omp parallel for schedule(static) if (parallel)
     for (int o = 0; o < N; o++) {
-        const uint8_t *row = q + (size_t)o * rb;
         for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS) {
             const float *xm = x + (size_t)m0 * K;
             float *ym = y + (size_t)m0 * N + o;
-#define KILN_EXACT(n) case n: exact_rows(n, type, row, K, xm, ym, N); break;
+#define KILN_EXACT(n) case n: exact_rows(n, type, q, K, o, xm, ym, N); break;
             switch (M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS) { KILN_EXACT(1) KILN_EXACT(2) KILN_EXACT(3) KILN_EXACT(4) KILN_EXACT(5) KILN_EXACT(6) KILN_EXACT(7) KILN_EXACT(8) }
 #undef KILN_EXACT
         }
@@ -713,6 +723,10 @@ static void ggml_act_free(kiln_act *a) {
     free(a->gq); free(a->gd); free(a->gsum);
 }
 
+#ifdef KILN_GGML_512
+static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M, float *y, long ldy); /* panels.c */
+#endif
+
 /* y (M, N) = x (M, K) @ W.T for W's N rows of `type` blocks, with 8-bit activations (any M).
  * Returns 0, or -1 for a type or width the loops do not take, -2 when out of memory. */
 int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const float *x, float *y) {
@@ -721,6 +735,19 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
     if (ggml_act_quantize(&a, type, M, K, x) != 0) return -2;
     kiln_qw w = {.q = q, .n = N, .k = K, .type = type};
     int parallel = (long)M * N * K >= parallel_macs;
+    if (type & KILN_X16) { /* panels: 16 columns at a time */
+#ifdef KILN_GGML_512
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int p = 0; p < N / 16; p++)
+            for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS)
+                x16_panel(&w, p, &a, m0, M - m0 < KILN_QMM_MAX_ROWS ? M - m0 : KILN_QMM_MAX_ROWS, y + (size_t)m0 * N, N);
+        ggml_act_free(&a);
+        return 0;
+#else
+        ggml_act_free(&a);
+        return -1; /* no build without the loops repacks (kiln_has_panels) */
+#endif
+    }
 #pragma omp parallel for schedule(static) if (parallel)
     for (int o = 0; o < N; o++)
         for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS) {

@@ -1,0 +1,113 @@
+"""Q4_K and Q6_K matrices read once into panels of 16 rows (worker/native/panels.c) are the same
+matrices: every reader gets each row back bit for bit, the decode loops' products equal those of
+the file's rows up to the order of float32 sums, the GEMM's are identical, and a loaded file
+keeps the panels and lets its own pages go."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from kiln.worker.loading.ggml_blocks import PANELS_ENV, GGMLWeights
+from kiln.worker.loading.gguf_read import release_pages
+
+from .test_native_ggml import _block_bound, blocks, rounded
+
+PANEL_TYPES = (Q.Q4_K, Q.Q6_K)
+SCALES = ["random", "max", "min", "zero", "zeros", "ones"]
+
+
+def panels(kernel, b: np.ndarray, qtype: Q, k: int) -> tuple[np.ndarray, int]:
+    packed = kernel.ggml_panels(b, int(qtype), k)
+    if not kernel.panels:
+        assert packed is None  # builds without the loops never repack
+        pytest.skip(f"the {kernel.variant} build has no panel loops")
+    assert packed is not None
+    return packed
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", SCALES)
+def test_panels_give_back_every_row_bit_for_bit(kernel, qtype, scales):
+    rng = np.random.default_rng(11)
+    b = blocks(rng, qtype, 48, 512, scales)
+    p, ptype = panels(kernel, b, qtype, 512)
+    assert p.nbytes == pytest.approx(b.nbytes, rel=0.03)  # Q4_K's scales take a byte each
+    np.testing.assert_array_equal(kernel.ggml_dequantize(p, ptype, 512), kernel.ggml_dequantize(b, int(qtype), 512))
+    picked = np.array([47, 0, 17, 16, 15])
+    np.testing.assert_array_equal(kernel.ggml_dequantize(p, ptype, 512, picked), kernel.ggml_dequantize(b, int(qtype), 512, picked))
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_products_of_panels_are_those_of_the_rows(kernel, qtype, scales, rows, k=768):
+    """The decode loops (rows <= 8 a tile, more in several) within the reference product's bound;
+    the exact float32 product mlx's reference pass takes, identical."""
+    rng = np.random.default_rng(5 + rows)
+    b = blocks(rng, qtype, 32, k, scales)
+    p, ptype = panels(kernel, b, qtype, k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[-1, 32:64] *= 1e4
+    w = kernel.ggml_dequantize(b, int(qtype), k).astype(np.float64)
+    y = kernel.ggml_matmul(x, p, ptype, k).astype(np.float64)
+    xr, _ = rounded(x)
+    slack = 1e-5 * (np.abs(xr) @ _block_bound(b, qtype, k).T) + 1e-30
+    assert np.all(np.abs(y - xr @ w.T) <= slack)
+    np.testing.assert_array_equal(kernel.ggml_matmul(x, p, ptype, k, exact=True), kernel.ggml_matmul(x, b, int(qtype), k, exact=True))
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [16, 45])
+def test_prefill_gemm_of_panels_is_that_of_the_rows(kernel, qtype, rows):
+    """A panel is the GEMM's column tile as it stands: the same tile, the same sums."""
+    rng = np.random.default_rng(9 + rows)
+    b = blocks(rng, qtype, 48, 512)
+    p, ptype = panels(kernel, b, qtype, 512)
+    x = rng.standard_normal((rows, 512)).astype(np.float32)
+    np.testing.assert_array_equal(kernel.ggml_gemm(x, p, ptype, 512), kernel.ggml_gemm(x, b, int(qtype), 512))
+
+
+def test_which_matrices_take_panels(kernel, monkeypatch):
+    """Q4_K and Q6_K with rows a multiple of 16, where the build has the loops; not other types,
+    not 24 rows, not with KILN_NATIVE_PANELS=0."""
+    rng = np.random.default_rng(0)
+    made = {
+        (name, rows): GGMLWeights(blocks(rng, qtype, rows, 256), name, 256, kernel).repacked
+        for name, qtype in (("Q4_K", Q.Q4_K), ("Q6_K", Q.Q6_K), ("Q8_0", Q.Q8_0), ("Q5_K", Q.Q5_K))
+        for rows in (32, 24)
+    }
+    assert made == {(name, rows): kernel.panels and name in ("Q4_K", "Q6_K") and rows == 32 for name, rows in made}
+    monkeypatch.setenv(PANELS_ENV, "0")
+    assert not GGMLWeights(blocks(rng, Q.Q4_K, 32, 256), "Q4_K", 256, kernel).repacked
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
+
+
+def test_released_pages_of_a_mapped_file_leave_memory_and_read_back(tmp_path):
+    """The loader lets go of a repacked matrix's pages in the mapped file: they leave the
+    process's resident memory, and what reads them later still reads the file."""
+    data = np.random.default_rng(1).integers(0, 256, size=(64 << 20) // 4096 * 4096, dtype=np.uint8)
+    path = tmp_path / "blocks.bin"
+    data.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    view = mapped[4096:].reshape(-1, 4096)
+    assert int(view.sum(dtype=np.int64)) == int(data[4096:].sum(dtype=np.int64))  # every page resident
+    before = _rss_file_kb()
+    release_pages(view)
+    assert before - _rss_file_kb() >= 48 << 10  # most of the 64 MB
+    np.testing.assert_array_equal(view[-1], data[-4096:])
+
+
+def test_releasing_pages_leaves_arrays_in_memory_alone():
+    array = np.arange(1 << 20, dtype=np.uint8).reshape(-1, 4096)
+    kept = array.copy()
+    release_pages(array)
+    release_pages(array[16:])
+    np.testing.assert_array_equal(array, kept)
+
