@@ -138,7 +138,7 @@ static int gemm_column_tile(const kiln_qw *w, int t, const kiln_act *a, float *y
     uint8_t *u = gemm_scratch(gemm_tile_bytes(K));
     if (!u) return -2;
     float *s0 = (float *)(u + (size_t)K * GEMM_COLS), *s1 = s0 + (size_t)G * GEMM_COLS, *mt = s1 + (size_t)G * GEMM_COLS;
-    if (w->type & KILN_X16) x16_gemm_pack(w->type, w->q + (size_t)t * (K / 256) * x16_sb_bytes(w->type), K, u, s0, s1, mt); /* tile t is panel t */
+    if (w->type & KILN_X16) x16_gemm_pack(w->type, w->q + (size_t)t * x16_panel_bytes(w->type, K), K, u, s0, s1, mt); /* tile t is panel t */
     else gemm_pack(w->type, w->q, kiln_ggml_row_bytes(w->type, K), o0, n, K, u, s0, s1, mt);
     const int type = x16_base(w->type); /* the tile is the same for a matrix in panels */
     for (int r0 = 0; r0 < a->M; r0 += GEMM_ROWS) {

@@ -1,28 +1,32 @@
-/* Q4_K and Q6_K matrices re-laid in panels of 16 rows, for decoding.
+/* Q4_K, Q6_K, Q4_0 and Q8_0 matrices re-laid in panels of 16 rows, for decoding.
  *
  * Why: ggml.c's loops take one weight row at a time. At one activation row (a decode step)
  * every super-block's unpacking (nibbles, 6-bit scales, float16) is paid for that one row, and
  * every 64 products cost a float conversion, a permute (the lanes hold two groups, each with its
  * own scale) and a multiply-add: the 1B Q4_K_M decode step ran the product loops at ~30 G
- * weights/s on one core, below what memory delivers. In a panel the 16 rows' weights lie side by
- * side, 4 consecutive weights of each row in one int32 lane: one vpdpbusd multiplies 4 weights
- * of each of the 16 rows by the same 4 activations (broadcast), a group's 32 weights sum in
- * integers over 8 of them, and then each lane takes its own row's scale (16 lanes, 16 rows) in one
- * conversion and one multiply-add; the scales of 16 rows are one 16-byte load. One Q4_K
- * 2048 x 16384 product at one row: 1.18 -> 0.85 ms (one thread, memory-resident).
+ * weights/s on one core, and at 8 rows a step went no faster per row. In a panel the 16 rows'
+ * weights lie side by side, 4 consecutive weights of each row in one int32 lane: one vpdpbusd
+ * multiplies 4 weights of each of the 16 rows by the same 4 activations (broadcast), a group's
+ * 32 weights sum in integers over 8 of them, and then each lane takes its own row's scale (16
+ * lanes, 16 rows) in one conversion and one multiply-add; the scales of 16 rows are one 16-byte
+ * load. The 1B Q4_K_M file's products at one row, one thread: Q4_K 2.3-2.9x, Q6_K 1.1-1.3x.
  *
- * Layout, per 16 rows and per super-block of 256 weights (g: group of 32, r: row in the panel):
- *   Q4_K (2368 bytes = 16 x 148): d[16], dmin[16] (float16) | sc[8 g][16 r], m[8 g][16 r] (the
- *     6-bit scales and mins, a byte each) | nibbles: per g, 4 x 64 bytes
- *   Q6_K (3360 bytes = 16 x 210): d[16] (float16) | sc[16 sub-blocks][16 r] (int8) | nibbles:
- *     per g, 4 x 64 bytes | high bits: per g, 2 x 64 bytes
+ * Layout, per 16 rows and per unit (a super-block of 256 weights, or a block of 32; g: group of
+ * 32 weights in the unit, r: row in the panel), the float16 d of the 16 rows first:
+ *   Q4_K (2368 bytes = 16 x 144 + 64): d[16], dmin[16] | sc[8 g][16 r], m[8 g][16 r] (the 6-bit
+ *     scales and mins, a byte each) | nibbles: per g, 4 x 64 bytes
+ *   Q6_K (3360 bytes = 16 x 210): d[16] | sc[16 sub-blocks][16 r] (int8) | nibbles: per g,
+ *     4 x 64 bytes | high bits: per g, 2 x 64 bytes
+ *   Q4_0 (288 bytes = 16 x 18): d[16] | nibbles: 4 x 64 bytes
+ *   Q8_0 (544 bytes = 16 x 34): d[16] | u = q + 128: 8 x 64 bytes, the t-th holding weights
+ *     4 t .. 4 t + 3 of row r at bytes 4 r ..
  * In the t-th 64 bytes of a group's nibbles, byte 4 r + e holds weight 8 t + e of row r in its
  * low nibble and weight 8 t + 4 + e in its high one. Q6_K's two high bits of those weights are
  * in byte 4 r + e of the (t / 2)-th 64 bytes of high bits, at bits 4 (t % 2) + 0-1 (low nibble's
  * weight) and + 2-3 (high nibble's). Every value is the file's own (Q4_K's scales only leave
- * their 12-byte packing), so x16_row gives back each row's blocks bit for bit: the
- * dequantization, mlx's exact reference product and the GEMM read rows through it and see the
- * file.
+ * their 12-byte packing): x16_group gives ggml.c's form of any group, so the dequantization and
+ * mlx's exact reference product read the file's numbers, bit for bit, and a panel is the GEMM's
+ * column tile (gemm.c) as it stands.
  *
  * ggml_blocks.py repacks a matrix when the build has these loops (kiln_has_panels) and its rows
  * are a multiple of 16; the file's pages are then let go. Included by decode.c after ggml.c.
@@ -32,35 +36,58 @@
 
 static inline int x16_base(int type) { return type & ~KILN_X16; }
 
-/* Bytes of one panel's super-block: 16 rows' worth. */
-static inline long x16_sb_bytes(int type) { return x16_base(type) == KILN_Q4_K ? 2368 : 3360; }
+/* Weights of one unit: a super-block, or a block. */
+static inline int x16_unit(int type) {
+    const int base = x16_base(type);
+    return base == KILN_Q4_K || base == KILN_Q6_K ? 256 : 32;
+}
 
-/* Offsets in a panel's super-block. */
-enum { X4_D = 0, X4_DMIN = 32, X4_SC = 64, X4_MN = 192, X4_NIB = 320 };
-enum { X6_D = 0, X6_SC = 32, X6_NIB = 288, X6_HI = 2336 };
+/* Bytes of one panel's unit: 16 rows' worth. */
+static inline long x16_unit_bytes(int type) {
+    switch (x16_base(type)) {
+    case KILN_Q4_K: return 2368;
+    case KILN_Q6_K: return 3360;
+    case KILN_Q4_0: return 288;
+    default: return 544; /* Q8_0 */
+    }
+}
 
-/* Where row r's weights 8 t .. 8 t + 7 of group j start in a panel's super-block o: their
- * nibbles' 4 bytes and (Q6_K) their high bits' 4 bytes. */
+/* Offsets in a panel's unit (d[16] at 0 in all). */
+enum { X4_DMIN = 32, X4_SC = 64, X4_MN = 192, X4_NIB = 320 };
+enum { X6_SC = 32, X6_NIB = 288, X6_HI = 2336 };
+enum { X0_NIB = 32, X8_Q = 32 };
+
+/* Where row r's weights 8 t .. 8 t + 7 of group j start in a panel's unit o: their nibbles' 4
+ * bytes and (Q6_K) their high bits' 4 bytes; Q8_0's weights 4 t .. 4 t + 3. */
 static inline const uint8_t *x16_nib(int base, const uint8_t *o, int r, int j, int t) {
-    return o + (base == KILN_Q4_K ? X4_NIB : X6_NIB) + 256 * j + 64 * t + 4 * r;
+    return o + (base == KILN_Q4_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : X0_NIB) + 256 * j + 64 * t + 4 * r;
 }
 static inline const uint8_t *x16_hi(const uint8_t *o, int r, int j, int t) { return o + X6_HI + 128 * j + 64 * (t / 2) + 4 * r; }
+static inline const uint8_t *x16_q8(const uint8_t *o, int r, int t) { return o + X8_Q + 64 * t + 4 * r; }
 
 /* Group g of row r (of a matrix in panels, K wide) in ggml.c's form: G and u, exactly what
  * group_of and group_u give for the file's row. */
 static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, kiln_group *G, uint8_t u[32]) {
-    const int base = x16_base(type), rp = (int)(r % X16_ROWS), j = g % 8;
-    const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / 256) + g / 8) * x16_sb_bytes(type);
+    const int base = x16_base(type), rp = (int)(r % X16_ROWS), per = x16_unit(type) / 32, j = g % per;
+    const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / x16_unit(type)) + g / per) * x16_unit_bytes(type);
     *G = (kiln_group){0};
-    if (base == KILN_Q4_K) {
-        G->f = f16_at(o + X4_D + 2 * rp);
+    G->f = f16_at(o + 2 * rp);
+    G->c0 = G->c1 = 1;
+    switch (base) {
+    case KILN_Q4_K:
         G->mt = f16_at(o + X4_DMIN + 2 * rp) * (float)o[X4_MN + 16 * j + rp];
         G->c0 = G->c1 = o[X4_SC + 16 * j + rp];
-    } else {
-        G->f = f16_at(o + X6_D + 2 * rp);
+        break;
+    case KILN_Q6_K:
         G->c0 = (int8_t)o[X6_SC + 16 * (2 * j) + rp];
         G->c1 = (int8_t)o[X6_SC + 16 * (2 * j + 1) + rp];
         G->z = 32;
+        break;
+    case KILN_Q4_0: G->z = 8; break;
+    default: /* Q8_0 */
+        G->z = 128;
+        for (int t = 0; t < 8; t++) memcpy(u + 4 * t, x16_q8(o, rp, t), 4);
+        return;
     }
     for (int t = 0; t < 4; t++) {
         const uint8_t *n = x16_nib(base, o, rp, j, t), *h = base == KILN_Q6_K ? x16_hi(o, rp, j, t) : NULL;
@@ -86,16 +113,20 @@ static inline void ggml_dequant_at(int type, const uint8_t *q, int K, long r, in
     ggml_group_values(&G, u, o);
 }
 
+/* Bytes of one panel (16 rows, K wide). */
+static inline long x16_panel_bytes(int type, int K) { return K / x16_unit(type) * x16_unit_bytes(type); }
+
 /* Rows 0 .. 15 of `src` (the file's rows of `type`, rb bytes each) into one panel. */
 static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t *dst) {
-    const long sbb = x16_sb_bytes(type);
+    const long ub = x16_unit_bytes(type), fb = kiln_ggml_row_bytes(type, x16_unit(type)); /* a unit in the file */
+    const int per = x16_unit(type) / 32;
     for (int r = 0; r < X16_ROWS; r++) {
         const uint8_t *row = src + (size_t)r * rb;
-        for (int s = 0; s < K / 256; s++) {
-            uint8_t *o = dst + (size_t)s * sbb;
+        for (int s = 0; s < K / x16_unit(type); s++) {
+            uint8_t *o = dst + (size_t)s * ub;
+            const uint8_t *b = row + (size_t)s * fb;
+            memcpy(o + 2 * r, b + (type == KILN_Q6_K ? 208 : 0), 2);
             if (type == KILN_Q4_K) {
-                const uint8_t *b = row + (size_t)s * 144;
-                memcpy(o + X4_D + 2 * r, b, 2);
                 memcpy(o + X4_DMIN + 2 * r, b + 2, 2);
                 for (int j = 0; j < 8; j++) {
                     int sc, mn;
@@ -103,24 +134,31 @@ static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t
                     o[X4_SC + 16 * j + r] = (uint8_t)sc;
                     o[X4_MN + 16 * j + r] = (uint8_t)mn;
                 }
-            } else {
-                const uint8_t *b = row + (size_t)s * 210;
-                memcpy(o + X6_D + 2 * r, b + 208, 2);
+            } else if (type == KILN_Q6_K) {
                 for (int j = 0; j < 16; j++) o[X6_SC + 16 * j + r] = b[192 + j];
             }
-            for (int j = 0; j < 8; j++) {
-                kiln_group G = group_of(type, row, s * 8 + j);
+            for (int j = 0; j < per; j++) {
+                kiln_group G = group_of(type, row, s * per + j);
+                uint8_t u[32];
+#if defined(__AVX2__)
+                _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
+#else
+                group_u(type, &G, u);
+#endif
+                if (type == KILN_Q8_0) {
+                    for (int t = 0; t < 8; t++) memcpy((uint8_t *)x16_q8(o, r, t), u + 4 * t, 4);
+                    continue;
+                }
                 uint64_t w[4]; /* per pair of t: the 8 lower-nibble weights, then the 8 upper */
 #if defined(__AVX2__)
                 const __m256i sel = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15, 0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
-                _mm256_storeu_si256((__m256i *)w, _mm256_shuffle_epi8(group_u256(type, &G), sel));
+                _mm256_storeu_si256((__m256i *)w, _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)u), sel));
 #else
-                uint8_t u[32], *b = (uint8_t *)w;
-                group_u(type, &G, u);
+                uint8_t *wb = (uint8_t *)w;
                 for (int t = 0; t < 4; t++)
                     for (int e = 0; e < 4; e++) {
-                        b[16 * (t / 2) + 4 * (t % 2) + e] = u[8 * t + e];
-                        b[16 * (t / 2) + 8 + 4 * (t % 2) + e] = u[8 * t + 4 + e];
+                        wb[16 * (t / 2) + 4 * (t % 2) + e] = u[8 * t + e];
+                        wb[16 * (t / 2) + 8 + 4 * (t % 2) + e] = u[8 * t + 4 + e];
                     }
 #endif
                 for (int pair = 0; pair < 2; pair++) {
@@ -141,19 +179,18 @@ static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t
 
 /* Row r of a matrix in panels back in the file's own blocks (the self-test's round trip). */
 static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
-    const int base = x16_base(type);
-    const long rb = kiln_ggml_row_bytes(base, K);
-    memset(out, 0, (size_t)rb);
+    const int base = x16_base(type), per = x16_unit(type) / 32, rp = (int)(r % X16_ROWS);
+    const long fb = kiln_ggml_row_bytes(base, x16_unit(type));
+    memset(out, 0, (size_t)kiln_ggml_row_bytes(base, K));
     for (int g = 0; g < K / 32; g++) {
         kiln_group G;
         uint8_t u[32];
         x16_group(type, q, K, r, g, &G, u);
-        const int s = g / 8, j = g % 8;
-        const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / 256) + s) * x16_sb_bytes(type);
-        const int rp = (int)(r % X16_ROWS);
+        const int s = g / per, j = g % per;
+        const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / x16_unit(type)) + s) * x16_unit_bytes(type);
+        uint8_t *b = out + (size_t)s * fb;
+        memcpy(b + (base == KILN_Q6_K ? 208 : 0), o + 2 * rp, 2);
         if (base == KILN_Q4_K) {
-            uint8_t *b = out + (size_t)s * 144;
-            memcpy(b, o + X4_D + 2 * rp, 2);
             memcpy(b + 2, o + X4_DMIN + 2 * rp, 2);
             const int sc = G.c0, mn = o[X4_MN + 16 * j + rp];
             if (j < 4) { /* k_scale_min's packing, undone */
@@ -165,9 +202,7 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
                 b[8 + j] = (uint8_t)((sc & 15) | (mn & 15) << 4);
             }
             for (int l = 0; l < 32; l++) b[16 + 32 * (j / 2) + l] |= (uint8_t)(u[l] << (4 * (j % 2)));
-        } else { /* group_of's Q6_K: half h, quarter i: ql at 64 h + 32 (i & 1), nibble i / 2; qh bits 2 i */
-            uint8_t *b = out + (size_t)s * 210;
-            memcpy(b + 208, o + X6_D + 2 * rp, 2);
+        } else if (base == KILN_Q6_K) { /* group_of's Q6_K: half h, quarter i: ql at 64 h + 32 (i & 1), nibble i / 2; qh bits 2 i */
             b[192 + 2 * j] = (uint8_t)G.c0;
             b[192 + 2 * j + 1] = (uint8_t)G.c1;
             const int h = j / 4, i = j % 4;
@@ -175,6 +210,10 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
                 b[64 * h + 32 * (i & 1) + l] |= (uint8_t)((u[l] & 15) << (4 * (i >> 1)));
                 b[128 + 32 * h + l] |= (uint8_t)((u[l] >> 4) << (2 * i));
             }
+        } else if (base == KILN_Q4_0) {
+            for (int l = 0; l < 16; l++) b[2 + l] = (uint8_t)(u[l] | u[l + 16] << 4);
+        } else {
+            for (int l = 0; l < 32; l++) b[2 + l] = u[l] ^ 0x80;
         }
     }
 }
@@ -182,8 +221,10 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
 /* dst (N / 16 panels) = src (N rows of the file's `type` blocks, K wide) as panels. Returns the
  * panel type, or -1 where the type has none or N is not a multiple of 16. */
 int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst) {
-    if ((type != KILN_Q4_K && type != KILN_Q6_K) || N % X16_ROWS || K % 256 || N < 1) return -1;
-    const long rb = kiln_ggml_row_bytes(type, K), pb = (K / 256) * x16_sb_bytes(type);
+    if ((type != KILN_Q4_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q8_0) || N % X16_ROWS || N < 1) return -1;
+    const long rb = kiln_ggml_row_bytes(type, K);
+    if (rb < 0 || K % x16_unit(type)) return -1;
+    const long pb = x16_panel_bytes(type, K);
     memset(dst, 0, (size_t)N / X16_ROWS * pb);
 #pragma omp parallel for schedule(static) if ((long)N * K >= (1L << 22))
     for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(type, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb);
@@ -201,17 +242,21 @@ int kiln_has_panels(void) {
 
 #ifdef KILN_GGML_512
 /* One panel as gemm.c's decoded column tile (its 16 columns are the panel's 16 rows; gemm_pack's
- * layout): each 64 bytes of nibbles are two of the tile's quads as they stand, and the scales
- * are gemm_pack's, f * c and f * m, the same float products. */
+ * layout): each 64 bytes of weights are one or two of the tile's quads as they stand, and the
+ * scales are gemm_pack's, f * c and f * m, the same float products. */
 static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, float *s0, float *s1, float *mt) {
-    const int base = x16_base(type);
-    const long sbb = x16_sb_bytes(type);
+    const int base = x16_base(type), per = x16_unit(type) / 32;
+    const long ub = x16_unit_bytes(type);
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
     for (int g = 0; g < K / 32; g++) {
-        const uint8_t *o = panel + (size_t)(g / 8) * sbb;
-        const int j = g % 8;
-        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_D)));
-        for (int t = 0; t < 4; t++) {
+        const uint8_t *o = panel + (size_t)(g / per) * ub;
+        const int j = g % per;
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        for (int t = 0; t < (base == KILN_Q8_0 ? 8 : 4); t++) {
+            if (base == KILN_Q8_0) {
+                _mm512_store_si512(u + ((size_t)g * 8 + t) * 64, _mm512_loadu_si512(x16_q8(o, 0, t)));
+                continue;
+            }
             const __m512i v = _mm512_loadu_si512(x16_nib(base, o, 0, j, t));
             __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
             if (base == KILN_Q6_K) {
@@ -222,17 +267,18 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t) * 64, lo);
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t + 1) * 64, hi);
         }
+        __m512 a = f, b = f, m = _mm512_setzero_ps(); /* Q4_0, Q8_0: f * 1 */
         if (base == KILN_Q4_K) {
-            const __m512 sc = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_SC + 16 * j)))));
+            a = b = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_SC + 16 * j)))));
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_DMIN)));
-            _mm512_store_ps(s0 + g * 16, sc);
-            _mm512_store_ps(s1 + g * 16, sc);
-            _mm512_store_ps(mt + g * 16, _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_MN + 16 * j))))));
-        } else {
-            _mm512_store_ps(s0 + g * 16, _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j))))));
-            _mm512_store_ps(s1 + g * 16, _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j + 16))))));
-            _mm512_store_ps(mt + g * 16, _mm512_setzero_ps());
+            m = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_MN + 16 * j)))));
+        } else if (base == KILN_Q6_K) {
+            a = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j)))));
+            b = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j + 16)))));
         }
+        _mm512_store_ps(s0 + g * 16, a);
+        _mm512_store_ps(s1 + g * 16, b);
+        _mm512_store_ps(mt + g * 16, m);
     }
 }
 
@@ -241,27 +287,31 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
     __m512 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
-    const int q4 = type == KILN_Q4_K;
-    const long sbb = q4 ? 2368 : 3360;
-    for (int s = 0; s < K / 256; s++) {
-        const uint8_t *o = panel + (size_t)s * sbb;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_D)));
-        const __m512 dmin = q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_DMIN))) : _mm512_setzero_ps();
-        for (int j = 0; j < 8; j++) {
-            __m512i u[8];
-            const uint8_t *nib = o + (q4 ? X4_NIB : X6_NIB) + 256 * j;
-            for (int t = 0; t < 4; t++) {
-                const __m512i v = _mm512_loadu_si512(nib + 64 * t);
-                u[2 * t] = _mm512_and_si512(v, low4);
-                u[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    const int q4k = type == KILN_Q4_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32;
+    const int z = type == KILN_Q4_0 ? 8 : 128; /* the block types' zero point */
+    const long ub = x16_unit_bytes(type);
+    for (int s = 0; s < K / x16_unit(type); s++) {
+        const uint8_t *o = panel + (size_t)s * ub;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        const __m512 dmin = q4k ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_DMIN))) : _mm512_setzero_ps();
+        for (int j = 0; j < per; j++) {
+            __m512i u[8]; /* u[i]: weights 4 i .. 4 i + 3 of each row */
+            if (type == KILN_Q8_0) {
+                for (int t = 0; t < 8; t++) u[t] = _mm512_loadu_si512(x16_q8(o, 0, t));
+            } else {
+                for (int t = 0; t < 4; t++) {
+                    const __m512i v = _mm512_loadu_si512(x16_nib(type, o, 0, j, t));
+                    u[2 * t] = _mm512_and_si512(v, low4);
+                    u[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                }
             }
-            __m512 sc0, sc1 = _mm512_setzero_ps(), mn = _mm512_setzero_ps();
-            if (q4) {
+            __m512 sc0 = d, sc1 = _mm512_setzero_ps(), mn = _mm512_setzero_ps();
+            if (q4k) {
                 sc0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_SC + 16 * j)))));
                 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_MN + 16 * j)))));
-            } else {
+            } else if (q6k) {
                 for (int h = 0; h < 2; h++) {
-                    const __m512i hb = _mm512_loadu_si512(o + X6_HI + 128 * j + 64 * h);
+                    const __m512i hb = _mm512_loadu_si512(x16_hi(o, 0, j, 2 * h));
                     /* nibble vectors 4h .. 4h + 3 take bits 0-1, 2-3, 4-5, 6-7 as bits 4-5 */
                     u[4 * h] = _mm512_or_si512(u[4 * h], _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
                     u[4 * h + 1] = _mm512_or_si512(u[4 * h + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), top2));
@@ -271,13 +321,12 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
                 sc0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j)))));
                 sc1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j + 16)))));
             }
-            const int g = s * 8 + j;
+            const int g = s * per + j;
             for (int m = 0; m < M; m++) {
                 const long r = m0 + m;
                 const int32_t *x = (const int32_t *)(a->gq + r * a->gq_ld + g * 32);
                 const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
                 const __m512 dx = _mm512_set1_ps(a->gd[r * a->gd_ld + g]);
-                /* u[2t] holds weights 8t .. 8t + 3 of each row, u[2t + 1] 8t + 4 .. 8t + 7 */
                 __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(x[0]));
                 i0 = _mm512_dpbusd_epi32(i0, u[1], _mm512_set1_epi32(x[1]));
                 i0 = _mm512_dpbusd_epi32(i0, u[2], _mm512_set1_epi32(x[2]));
@@ -286,29 +335,36 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
                 i1 = _mm512_dpbusd_epi32(i1, u[5], _mm512_set1_epi32(x[5]));
                 i1 = _mm512_dpbusd_epi32(i1, u[6], _mm512_set1_epi32(x[6]));
                 i1 = _mm512_dpbusd_epi32(i1, u[7], _mm512_set1_epi32(x[7]));
-                if (q4) { /* d sc dx sum(u x) - dmin m dx sum(x) */
+                if (q4k) { /* d sc dx sum(u x) - dmin m dx sum(x) */
                     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), _mm512_mul_ps(sc0, dx), acc[m]);
                     cor[m] = _mm512_fmadd_ps(mn, _mm512_mul_ps(dx, _mm512_set1_ps((float)(is[0] + is[1]))), cor[m]);
-                } else { /* per 16 weights: d sc dx (sum(u x) - 32 sum(x)) */
+                } else if (q6k) { /* per 16 weights: d sc dx (sum(u x) - 32 sum(x)) */
                     i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(32 * is[0]));
                     i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(32 * is[1]));
                     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sc0, dx), acc[m]);
                     cor[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(sc1, dx), cor[m]); /* a second chain */
+                } else { /* d dx (sum(u x) - z sum(x)) */
+                    const __m512i i = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(z * (is[0] + is[1])));
+                    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sc0, dx), acc[m]);
                 }
             }
         }
     }
-    for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy, q4 ? _mm512_sub_ps(acc[m], cor[m]) : _mm512_add_ps(acc[m], cor[m]));
+    for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy, q4k ? _mm512_sub_ps(acc[m], cor[m]) : _mm512_add_ps(acc[m], cor[m]));
 }
 
 /* Panel p of w against rows m0 .. m0 + M - 1 (M <= 8) of a: one copy per type and row count. */
 static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M, float *y, long ldy) {
-    const uint8_t *panel = w->q + (size_t)p * (w->k / 256) * x16_sb_bytes(w->type);
+    const uint8_t *panel = w->q + (size_t)p * x16_panel_bytes(w->type, w->k);
     float *yp = y + (size_t)p * X16_ROWS;
 #define KILN_X16_TILE(n)                                                                                                \
     case n:                                                                                                             \
-        if (x16_base(w->type) == KILN_Q4_K) x16_tile(n, KILN_Q4_K, panel, w->k, a, m0, yp, ldy);                        \
-        else x16_tile(n, KILN_Q6_K, panel, w->k, a, m0, yp, ldy);                                                       \
+        switch (x16_base(w->type)) {                                                                                    \
+        case KILN_Q4_K: x16_tile(n, KILN_Q4_K, panel, w->k, a, m0, yp, ldy); break;                                     \
+        case KILN_Q6_K: x16_tile(n, KILN_Q6_K, panel, w->k, a, m0, yp, ldy); break;                                     \
+        case KILN_Q4_0: x16_tile(n, KILN_Q4_0, panel, w->k, a, m0, yp, ldy); break;                                     \
+        default: x16_tile(n, KILN_Q8_0, panel, w->k, a, m0, yp, ldy); break;                                            \
+        }                                                                                                               \
         break;
     switch (M) { KILN_X16_TILE(1) KILN_X16_TILE(2) KILN_X16_TILE(3) KILN_X16_TILE(4) KILN_X16_TILE(5) KILN_X16_TILE(6) KILN_X16_TILE(7) KILN_X16_TILE(8) }
 #undef KILN_X16_TILE
@@ -319,17 +375,19 @@ static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M,
  * ggml.c's row loops' on the same rows (for kiln_selftest). */
 static int x16_selftest(void) {
     enum { K = 256, N = X16_ROWS };
-    static uint8_t rows[N * 210], panel[N * 210], back[210];
-    const int types[2] = {KILN_Q4_K, KILN_Q6_K};
-    for (int t = 0; t < 2; t++) {
+    static uint8_t rows[N * 272], panel[N * 272], back[272];
+    const int types[4] = {KILN_Q4_K, KILN_Q6_K, KILN_Q4_0, KILN_Q8_0};
+    for (int t = 0; t < 4; t++) {
         const int type = types[t];
         const long rb = kiln_ggml_row_bytes(type, K);
         for (long i = 0; i < N * rb; i++) rows[i] = (uint8_t)((i * 131 + 17 * t + (i >> 7)) % 251);
         const uint16_t scale = 0x2400; /* 1/64 for d (and dmin) */
-        for (int r = 0; r < N; r++) {
-            memcpy(rows + r * rb + (type == KILN_Q4_K ? 0 : 208), &scale, 2);
-            if (type == KILN_Q4_K) memcpy(rows + r * rb + 2, &scale, 2);
-        }
+        const long fb = kiln_ggml_row_bytes(type, x16_unit(type)); /* a block or super-block */
+        for (int r = 0; r < N; r++)
+            for (int b = 0; b < K / x16_unit(type); b++) {
+                memcpy(rows + r * rb + b * fb + (type == KILN_Q6_K ? 208 : 0), &scale, 2);
+                if (type == KILN_Q4_K) memcpy(rows + r * rb + b * fb + 2, &scale, 2);
+            }
         const int packed = kiln_ggml_pack_x16(type, N, K, rows, panel);
         if (packed != (type | KILN_X16)) return 1;
         for (int r = 0; r < N; r++) {
