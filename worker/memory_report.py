@@ -7,7 +7,9 @@ which lists them in ``/v1/models`` (``memory``, docs/api.md):
 - ``weights_bytes``: every weight the model holds: mlx's parameters, the packed copies the
   native decode kernels read (loading/packed.py) and the GGUF blocks kept in place
   (loading/ggml_blocks.py); ``weights_mapped_bytes`` is the part that is the memory-mapped file
-  itself (pages shared with the page cache, which the kernel may drop and read again).
+  itself (pages shared with the page cache, which the kernel may drop and read again). Matrices
+  read into panels (Q4_K, Q6_K, Q4_0, Q8_0 where the build has panel loops) are the process's
+  own memory, as large as the file's blocks give or take 3%, and not counted as mapped.
 - ``kv_cache_bytes``: the keys and values of one sequence at the served context window
   (``kv_bytes_per_token`` times the window), in the dtype the model computes in; each running
   request holds its own, up to ``max_batch``, and the prompt cache up to ``cache_bytes`` more.
@@ -43,12 +45,14 @@ def _weights(model: nn.Module) -> tuple[int, int]:
         blocks = ggml_weights(module)
         if blocks is not None and id(blocks.blocks) not in seen:
             seen.add(id(blocks.blocks))
-            mapped += blocks.blocks.nbytes
+            total += blocks.blocks.nbytes
+            if not blocks.repacked:  # panels are the process's own memory (ggml_blocks.py)
+                mapped += blocks.blocks.nbytes
         packed = getattr(module, "_packed", None)
         if packed is not None and id(packed) not in seen:
             seen.add(id(packed))
             total += packed.q.nbytes + packed.scales.nbytes + packed.biases.nbytes
-    return total + mapped, mapped
+    return total, mapped
 
 
 def _compute_dtype(model: nn.Module) -> mx.Dtype:

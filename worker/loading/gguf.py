@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,7 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
     kernel = cpu_kernels()
     modules = dict(model.named_modules())
     replaced: list[tuple[str, nn.Module]] = []
+    started, repacked = time.perf_counter(), []
     for name, (type_name, data, in_dims) in contents.blocks.items():
         target = _mlx_name(name, arch.block_names)
         if target is None or kernel is None:
@@ -155,12 +157,15 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
         blocks = GGMLWeights(data, type_name, in_dims, kernel)
         if blocks.repacked:
             release_pages(data)
+            repacked.append(blocks.blocks.nbytes)
         if isinstance(module, nn.Embedding):
             replaced.append((path, GGMLEmbedding(blocks)))
         elif isinstance(module, nn.Linear):
             replaced.append((path, GGMLLinear(blocks, bias=f"{path}.bias" in weights)))
         else:
             raise UnsupportedModelError(f"tensor {name} ({type_name}) is not a matrix Kiln reads as blocks")
+    if repacked:
+        log.info("read %d matrices (%.0f MB) into panels of 16 rows in %.1f s", len(repacked), sum(repacked) / 1e6, time.perf_counter() - started)
     if replaced:
         model.update_modules(tree_unflatten(replaced))
 
