@@ -205,15 +205,21 @@ __attribute__((optimize("fp-contract=off"))) static inline void ggml_group_value
 #endif
 }
 
-/* Group g of a row as 32 float32 weights (ggml_group_values). */
-static inline void ggml_dequant_group(int type, const uint8_t *row, int g, float *o) {
+/* Group g of a row in its form: G, and its 32 values u (vector decoding where there is AVX2). */
+static inline kiln_group group_at(int type, const uint8_t *row, int g, uint8_t u[32]) {
     kiln_group G = group_of(type, row, g);
-    uint8_t u[32];
 #if defined(__AVX2__)
     _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
 #else
     group_u(type, &G, u);
 #endif
+    return G;
+}
+
+/* Group g of a row as 32 float32 weights (ggml_group_values). */
+static inline void ggml_dequant_group(int type, const uint8_t *row, int g, float *o) {
+    uint8_t u[32];
+    const kiln_group G = group_at(type, row, g, u);
     ggml_group_values(&G, u, o);
 }
 

@@ -138,13 +138,8 @@ static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t
                 for (int j = 0; j < 16; j++) o[X6_SC + 16 * j + r] = b[192 + j];
             }
             for (int j = 0; j < per; j++) {
-                kiln_group G = group_of(type, row, s * per + j);
                 uint8_t u[32];
-#if defined(__AVX2__)
-                _mm256_storeu_si256((__m256i *)u, group_u256(type, &G));
-#else
-                group_u(type, &G, u);
-#endif
+                group_at(type, row, s * per + j, u);
                 if (type == KILN_Q8_0) {
                     for (int t = 0; t < 8; t++) memcpy((uint8_t *)x16_q8(o, r, t), u + 4 * t, 4);
                     continue;
