@@ -60,7 +60,7 @@ class GGMLWeights:
     not read again (the loader then lets their pages go): one-row decoding multiplies 16 rows at
     a time, and every other reader gets each row back bit for bit."""
 
-    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels, panels: bool = True) -> None:
+    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels) -> None:
         self.type_name = type_name
         self.type_id = TYPE_IDS[type_name]
         self.in_dims = in_dims
@@ -68,7 +68,7 @@ class GGMLWeights:
         self.kernel = kernel
         if kernel.ggml_row_bytes(self.type_id, in_dims) != blocks.shape[1]:
             raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
-        repacked = kernel.ggml_panels(blocks, self.type_id, in_dims) if panels and _panels_wanted() else None
+        repacked = kernel.ggml_panels(blocks, self.type_id, in_dims) if _panels_wanted() else None
         self.repacked = repacked is not None
         # (out_dims, row bytes) uint8: a view of the memory-mapped file, or its panels
         self.blocks, self.type_id = repacked if repacked is not None else (blocks, self.type_id)

@@ -24,6 +24,7 @@
 #define KILN_GEMM 1
 #define GEMM_COLS 16
 #define GEMM_ROWS 8
+_Static_assert(GEMM_COLS == X16_ROWS, "a panel (panels.c) is one column tile");
 /* Fewer rows than this go through ggml.c's tiles: decoding a column tile costs about what
  * multiplying it by a few rows does. */
 #define GEMM_MIN_ROWS 16
