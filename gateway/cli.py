@@ -12,6 +12,7 @@ from typing import Any, cast
 import click
 
 from kiln.protocol.logs import configure
+from kiln.protocol.security import is_loopback_host
 from kiln.protocol.settings_fields import from_options, settings_options
 
 from .settings import Settings
@@ -26,18 +27,28 @@ def main(**options: Any) -> None:
     serve(checked(settings))
 
 
+def public_bind_refusal(host: str, auth: str, allow_public_no_auth: bool) -> str | None:
+    """The message to refuse starting with, or None when the combination is safe (or allowed)."""
+    if auth != "none" or allow_public_no_auth or is_loopback_host(host):
+        return None
+    return (
+        f"refusing to listen on {host} with --auth none: anyone who can reach this address could use "
+        "the models. Use --auth keys (with --database-url) for a public gateway, bind 127.0.0.1, or "
+        "pass --allow-public-no-auth (env KILN_ALLOW_PUBLIC_NO_AUTH=1) if the network in front of it "
+        "already restricts access."
+    )
+
+
 def checked(settings: Settings) -> Settings:
     """`settings` with the files it names read (admin token, worker secret), refused with a usage
     error naming the flag when fields do not go together. ``kiln serve`` runs it too, before
     anything starts, and hands the gateway the result."""
-    from .accounts.catalog import Catalog, CatalogError
-    from .accounts.db import async_url
-    from .accounts.service import public_bind_refusal
-
     refusal = public_bind_refusal(settings.host, settings.auth, settings.allow_public_no_auth)
     if refusal:
         raise click.UsageError(refusal)
     if settings.auth == "keys":
+        from .accounts.db import async_url  # SQLAlchemy: imported where a database is named
+
         if not settings.database_url:
             raise click.UsageError("--auth keys needs --database-url (env KILN_DATABASE_URL)")
         try:
@@ -49,6 +60,8 @@ def checked(settings: Settings) -> Settings:
     if settings.store_mode == "redis" and not settings.redis_url:
         raise click.UsageError("--store redis needs --redis-url (env KILN_REDIS_URL)")
     if settings.catalog_path:
+        from .accounts.catalog import Catalog, CatalogError
+
         try:
             Catalog.load(settings.catalog_path)
         except (CatalogError, OSError, ValueError) as exc:

@@ -123,8 +123,13 @@ def is_local_endpoint(endpoint: str) -> bool:
         return True
     if scheme != "tcp":
         return False
-    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
-    host = host.strip("[]")
+    return is_loopback_host(rest.rsplit(":", 1)[0] if ":" in rest else rest)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for localhost and loopback IP literals (127.0.0.0/8, ::1), brackets allowed; 0.0.0.0,
+    :: and every other address or name may be reachable from other machines."""
+    host = host.strip().strip("[]").rstrip(".").lower()
     if host == "localhost":
         return True
     try:

@@ -22,6 +22,7 @@ CLI, not metadata.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -129,6 +130,13 @@ def _shape(hint: Any, where: str) -> tuple[type, tuple[str, ...] | None, bool, b
 
 def setting_fields(cls: type) -> list[SettingField]:
     """The settable fields of a settings dataclass, in declaration order."""
+    return list(_resolved_fields(cls))
+
+
+@functools.cache
+def _resolved_fields(cls: type) -> tuple[SettingField, ...]:
+    """Resolved once per class: a class's fields never change, and resolving them (type hints
+    included) for every env name and argv a start computes cost ~0.2 s of ``kiln serve``."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -142,7 +150,7 @@ def setting_fields(cls: type) -> list[SettingField]:
         if base is bool and (many or optional):
             raise TypeError(f"{where}: a switch is a plain bool")
         out.append(SettingField(f.name, flag, (kiln_env(flag), *spec.spec_env), base, choices, optional, many, default, spec))
-    return out
+    return tuple(out)
 
 
 def _click_type(sf: SettingField) -> click.ParamType[Any] | None:

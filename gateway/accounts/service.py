@@ -8,7 +8,6 @@ speaks HTTP.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
@@ -29,29 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiln.gateway.accounts")
 T = TypeVar("T")
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost; 0.0.0.0, :: and real addresses are public."""
-    host = host.strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def public_bind_refusal(host: str, auth: str, allow_public_no_auth: bool) -> str | None:
-    """The message to refuse starting with, or None when the combination is safe (or allowed)."""
-    if auth != "none" or allow_public_no_auth or is_loopback(host):
-        return None
-    return (
-        f"refusing to listen on {host} with --auth none: anyone who can reach this address could use "
-        "the models. Use --auth keys (with --database-url) for a public gateway, bind 127.0.0.1, or "
-        "pass --allow-public-no-auth (env KILN_ALLOW_PUBLIC_NO_AUTH=1) if the network in front of it "
-        "already restricts access."
-    )
 
 
 class _FreeCatalog(Catalog):

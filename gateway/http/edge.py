@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kiln.protocol.security import is_loopback_host
+
 from .errors import ApiError
 
 OPEN_PATH = "/health"
@@ -48,17 +50,6 @@ CORS_HEADERS = frozenset({"authorization", "content-type", "accept", "idempotenc
 CORS_HEADER_PREFIXES = ("x-stainless-", "openai-")
 CORS_EXPOSE = "retry-after, x-kiln-generation-id, x-neocloud-generation-id"
 CORS_MAX_AGE = "600"
-
-
-def is_loopback_name(host: str) -> bool:
-    """True for localhost and loopback IP literals (127.0.0.0/8, ::1), brackets allowed."""
-    host = host.strip().strip("[]").rstrip(".").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -113,7 +104,7 @@ class EdgePolicy:
         local = settings.auth == "none"
         if configured is not None:
             hosts = None if "*" in configured else frozenset(host_name(h) for h in configured)
-        elif local and is_loopback_name(settings.host):
+        elif local and is_loopback_host(settings.host):
             hosts = frozenset()
         else:
             hosts = None  # public bind or hosted mode: the network in front decides names
@@ -133,7 +124,7 @@ class EdgePolicy:
         if self.allowed_hosts is None or host is None:  # no Host at all: not a browser
             return True
         name = host_name(host)
-        if is_loopback_name(name) or name in self.allowed_hosts:
+        if is_loopback_host(name) or name in self.allowed_hosts:
             return True
         return path == OPEN_PATH and _is_ip_literal(name)
 
@@ -148,7 +139,7 @@ class EdgePolicy:
         if origin is None or not self.local:
             return True
         normalized = normalize_origin(origin)
-        if normalized is not None and is_loopback_name(urlsplit(normalized).hostname or ""):
+        if normalized is not None and is_loopback_host(urlsplit(normalized).hostname or ""):
             return True
         return self.cors_allowed(origin)
 
