@@ -152,11 +152,14 @@ def build_server(settings: WorkerSettings) -> WorkerServer:
 
         started = time.monotonic()
         progress = LoadProgress(settings.model or "the bundled model")
+        # The grammar compiler (a second of CPU) builds in the background from the moment the
+        # tokenizer exists, beside the weights' load rather than after it: registration waits for it.
+        early: list[Constraints] = []
         with progress.step("reading and converting the weights"):
-            loaded = load_model(settings.model, weights=settings.weights)
+            loaded = load_model(settings.model, weights=settings.weights, on_tokenizer=lambda t: early.append(Constraints(t)))
         log.info("model loaded", extra={"model": loaded.model_id, "seconds": round(time.monotonic() - started, 2)})
         tokenizer = loaded.tokenizer
-        constraints = Constraints(tokenizer)  # built in the background while the scheduler is set up
+        constraints = early[0] if early else Constraints(tokenizer)
         check = CheckSource(loaded.source_path, settings.weights, settings.weight_layout)
         with progress.step("preparing the engine"):  # on the CPU: measures both weight layouts
             scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes,

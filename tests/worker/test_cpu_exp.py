@@ -139,3 +139,27 @@ def test_kiln_cpu_exp_0_keeps_mlx_exp(installed, monkeypatch):
     assert not cpu_exp.install(model)
     assert module.scaled_dot_product_attention is stock["scaled_dot_product_attention"]
     assert module.swiglu is stock["swiglu"]
+
+
+def test_the_check_is_remembered_per_shape(installed, monkeypatch, tmp_path):
+    """A start that checked these shapes before takes the stored answer instead of compiling and
+    running the check again (a second of a 2-core start); an answer of "disagrees" is kept too."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("cpu_exp is for the CPU")
+    model, module, stock = installed
+    monkeypatch.setenv("KILN_NATIVE_CACHE", str(tmp_path))
+    calls = []
+    checked = cpu_exp._attention_agrees
+    monkeypatch.setattr(cpu_exp, "_attention_agrees", lambda m: calls.append(m) or checked(m))
+    assert cpu_exp.install(model) and len(calls) == 1
+    for name, fn in stock.items():
+        monkeypatch.setattr(module, name, fn)
+    assert cpu_exp.install(model) and len(calls) == 1  # remembered, not checked again
+    assert module.scaled_dot_product_attention is not stock["scaled_dot_product_attention"]
+
+    for stored in (tmp_path / "cpu-exp").glob("*.json"):
+        stored.write_text('{"agrees": false}')
+    for name, fn in stock.items():
+        monkeypatch.setattr(module, name, fn)
+    assert not cpu_exp.install(model) and len(calls) == 1
+    assert module.scaled_dot_product_attention is stock["scaled_dot_product_attention"]

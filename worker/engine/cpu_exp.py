@@ -22,11 +22,16 @@ small to matter) goes to the function it replaced.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import platform
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
@@ -172,13 +177,13 @@ def install(model: nn.Module) -> bool:
     if sdpa is not None:
         if hasattr(sdpa, "kiln_fallback"):  # installed by an earlier model of this module
             using = True
-        elif _attention_agrees(model):
+        elif _remembered(("attention", *_attention_shape(model)), lambda: _attention_agrees(model)):
             module.scaled_dot_product_attention = sdpa_with(sdpa)  # type: ignore[attr-defined]
             done.append("attention")
     if glu is not None:
         if glu is swiglu:
             using = True
-        elif _swiglu_agrees(glu):
+        elif _remembered(("swiglu",), lambda: _swiglu_agrees(glu)):
             module.swiglu = swiglu  # type: ignore[attr-defined]
             done.append("swiglu")
     if done:
@@ -193,15 +198,49 @@ def _close(ours: mx.array, ref: mx.array) -> bool:
     return bool(mx.all(mx.isfinite(ours)).item()) and err <= 1e-4 * max(1.0, cast(float, mx.max(mx.abs(ref)).item()))
 
 
-def _attention_agrees(model: nn.Module) -> bool:
+def _remembered(what: tuple[object, ...], check: Callable[[], bool]) -> bool:
+    """``check()``, or its result when it ran before for ``what`` with this code and this mlx.
+
+    Why: each check compiles and runs the fast and the reference function on the model's shapes,
+    ~0.2 s a mask on a 2-core machine, so most of a second of every start; the answer depends
+    only on the shapes, this module and mlx. Stored as JSON beside the native kernels' cache
+    (``cpu-exp/``); a store that cannot be read or written only means checking again."""
+    from ..native.build import _cache_dir
+
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps([*map(str, what), getattr(mx, "__version__", "-"), platform.machine()]).encode())
+    path = _cache_dir() / "cpu-exp" / f"{digest.hexdigest()[:24]}.json"
+    try:
+        return bool(json.loads(path.read_text())["agrees"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    agrees = check()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as out:
+            json.dump({"agrees": agrees, "what": [str(w) for w in what]}, out)
+        os.replace(out.name, path)
+    except OSError:
+        pass
+    return agrees
+
+
+def _attention_shape(model: nn.Module) -> tuple[object, ...]:
+    """What ``_attention_agrees`` checks with: heads, key-value heads, head size and dtype."""
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
     hidden = getattr(args, "hidden_size", None)
-    if not heads or not hidden or not kv_heads or heads % kv_heads:
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    dim = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    return heads, kv_heads, dim, _dtype(model)
+
+
+def _attention_agrees(model: nn.Module) -> bool:
+    heads, kv_heads, dim, dtype = _attention_shape(model)
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or not isinstance(dim, int) or not isinstance(dtype, mx.Dtype):
         return False
-    dim = getattr(args, "head_dim", None) or hidden // heads
-    dtype = _dtype(model)
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        return False
     kq, kk, kv = mx.random.split(mx.random.key(7), 3)
     q = mx.random.normal((2, heads, 24, dim), key=kq).astype(dtype)
     k = mx.random.normal((2, kv_heads, 40, dim), key=kk).astype(dtype)

@@ -14,7 +14,7 @@ import importlib
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -176,13 +176,14 @@ def _build(arch: Architecture, args: dict[str, Any]) -> nn.Module:
     return model
 
 
-def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, Tokenizer, ModelInfo]:
+def load_gguf(path: str | Path, keep_blocks: bool = False, on_tokenizer: Callable[[Tokenizer], object] | None = None) -> tuple[nn.Module, Tokenizer, ModelInfo]:
     """Build the mlx-lm `Model`, our `Tokenizer` and `ModelInfo` from a GGUF file.
 
     With `keep_blocks` (the CPU worker with native kernels), the quantized matrices of llama-family
     models stay the file's blocks where the kernels read their type (ggml_blocks.KEPT_TYPES). Other quantized weights stay in mlx's
     quantized layout where the file's type has one; `device.prepare_weights` decides later
-    whether to dequantize them for the CPU.
+    whether to dequantize them for the CPU. The tokenizer is built (and given to `on_tokenizer`)
+    before the weights are read.
     """
     path = Path(path)
     try:  # parsed once: a large vocabulary makes the header a sizeable part of a start
@@ -209,6 +210,12 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, T
             f"{path.name}: phi3 with long-context RoPE factors (rope_factors_long) is not supported"
         )
 
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(md)
+    except UnsupportedTokenizerError as exc:
+        raise UnsupportedModelError(f"{path.name}: {exc}") from exc
+    if on_tokenizer is not None:
+        on_tokenizer(tokenizer)
     weights = _rename(contents, arch)
     try:
         args = arch.model_args(md, has_output="output.weight" in contents.tensors or "output.weight" in contents.blocks)
@@ -229,11 +236,6 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> tuple[nn.Module, T
     except ValueError as exc:
         raise UnsupportedModelError(f"{path.name}: tensors do not match a {arch.name} model: {exc}") from exc
     mx.eval(model.parameters())
-
-    try:
-        tokenizer = Tokenizer.from_gguf_metadata(md)
-    except UnsupportedTokenizerError as exc:
-        raise UnsupportedModelError(f"{path.name}: {exc}") from exc
     file_type = scalar(md, "general.file_type")
     stored = contents.describe()
     log.info("%s: tensors %s", path.name, stored)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,13 +115,15 @@ def locate_model(model: str | None) -> tuple[Path, str, list[str]]:
     return path, model_id, aliases
 
 
-def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
+def load_model(model: str | None, *, weights: str = "auto", on_tokenizer: Callable[[Tokenizer], object] | None = None) -> LoadedModel:
     """Load `model` (None: the bundled SmolLM2; a .gguf file; an mlx-lm folder; a hub id
     `org/name[@revision][:QUANT]`, resolved through the Hugging Face cache by `hub.py`).
 
     `weights` is "auto", "native", "float32", "float16" or "bfloat16" (see
     `device.prepare_weights`). Raises ModelNotFoundError for a path that is
-    neither a .gguf file nor a model folder.
+    neither a .gguf file nor a model folder. `on_tokenizer` is called with the tokenizer as soon
+    as it exists (for a GGUF, before the weights are read), so that work needing only the
+    tokenizer (the grammar compiler) overlaps the load instead of following it.
     """
     from .device import keeps_gguf_blocks, prepare_weights, resolve_weights
 
@@ -133,11 +136,13 @@ def load_model(model: str | None, *, weights: str = "auto") -> LoadedModel:
     if path.is_file() and path.suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
-        module, tokenizer, info = load_gguf(path, keep_blocks=keeps_gguf_blocks(weights))
+        module, tokenizer, info = load_gguf(path, keep_blocks=keeps_gguf_blocks(weights), on_tokenizer=on_tokenizer)
     elif path.is_dir() and (path / "config.json").is_file():
         from .folder import load_folder
 
         module, tokenizer, info = load_folder(path)
+        if on_tokenizer is not None:
+            on_tokenizer(tokenizer)
     elif not path.exists():
         raise ModelNotFoundError(f"model not found: {path}")
     else:

@@ -221,7 +221,7 @@ int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst)
     if (rb < 0 || K % x16_unit(type)) return -1;
     const long pb = x16_panel_bytes(type, K);
     memset(dst, 0, (size_t)N / X16_ROWS * pb);
-#pragma omp parallel for schedule(static) if ((long)N * K >= (1L << 22))
+#pragma omp parallel for schedule(dynamic, 4) if ((long)N * K >= (1L << 22))
     for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(type, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb);
     return type | KILN_X16;
 }
