@@ -1,4 +1,4 @@
-"""Q4_K, Q6_K, Q4_0 and Q8_0 matrices read once into panels of 16 rows (worker/native/panels.c) are the same
+"""Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 matrices read once into panels of 16 rows (worker/native/panels.c) are the same
 matrices: every reader gets each row back bit for bit, the decode loops' products equal those of
 the file's rows up to the order of float32 sums, the GEMM's are identical, and a loaded file
 keeps the panels and lets its own pages go."""
@@ -14,7 +14,7 @@ from kiln.worker.loading.gguf_read import release_pages
 
 from .test_native_ggml import _block_bound, blocks, rounded
 
-PANEL_TYPES = (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q8_0)
+PANEL_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q8_0)
 SCALES = ["random", "max", "min", "zero", "zeros", "ones"]
 
 
@@ -74,7 +74,7 @@ def test_which_matrices_take_panels(kernel, monkeypatch):
     """The panel types with rows a multiple of 16, where the build has the loops; not other types,
     not 24 rows, not with KILN_NATIVE_PANELS=0."""
     rng = np.random.default_rng(0)
-    made = {(qtype.name, rows): GGMLWeights(blocks(rng, qtype, rows, 256), qtype.name, 256, kernel).repacked for qtype in (*PANEL_TYPES, Q.Q5_K, Q.IQ4_NL) for rows in (32, 24)}
+    made = {(qtype.name, rows): GGMLWeights(blocks(rng, qtype, rows, 256), qtype.name, 256, kernel).repacked for qtype in (*PANEL_TYPES, Q.Q5_0, Q.IQ4_NL) for rows in (32, 24)}
     assert made == {(name, rows): kernel.panels and name in {t.name for t in PANEL_TYPES} and rows == 32 for name, rows in made}
     monkeypatch.setenv(PANELS_ENV, "0")
     assert not GGMLWeights(blocks(rng, Q.Q4_K, 32, 256), "Q4_K", 256, kernel).repacked

@@ -1,4 +1,4 @@
-/* Q4_K, Q6_K, Q4_0 and Q8_0 matrices re-laid in panels of 16 rows, for decoding.
+/* Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 matrices re-laid in panels of 16 rows, for decoding.
  *
  * Why: ggml.c's loops take one weight row at a time. At one activation row (a decode step)
  * every super-block's unpacking (nibbles, 6-bit scales, float16) is paid for that one row, and
@@ -14,19 +14,21 @@
  * Layout, per 16 rows and per unit (a super-block of 256 weights, or a block of 32; g: group of
  * 32 weights in the unit, r: row in the panel), the float16 d of the 16 rows first:
  *   Q4_K (2368 bytes = 16 x 144 + 64): d[16], dmin[16] | sc[8 g][16 r], m[8 g][16 r] (the 6-bit
- *     scales and mins, a byte each) | nibbles: per g, 4 x 64 bytes
- *   Q6_K (3360 bytes = 16 x 210): d[16] | sc[16 sub-blocks][16 r] (int8) | nibbles: per g,
- *     4 x 64 bytes | high bits: per g, 2 x 64 bytes
+ *     scales and mins, a byte each) | per g: nibbles, 4 x 64 bytes
+ *   Q5_K (2880 bytes = 16 x 180): Q4_K's, but per g: nibbles, 4 x 64 bytes, then fifth bits, 64
+ *   Q6_K (3360 bytes = 16 x 210): d[16] | sc[16 sub-blocks][16 r] (int8) | per g: nibbles,
+ *     4 x 64 bytes, then high bits, 2 x 64 bytes
  *   Q4_0 (288 bytes = 16 x 18): d[16] | nibbles: 4 x 64 bytes
  *   Q8_0 (544 bytes = 16 x 34): d[16] | u = q + 128: 8 x 64 bytes, the t-th holding weights
  *     4 t .. 4 t + 3 of row r at bytes 4 r ..
  * In the t-th 64 bytes of a group's nibbles, byte 4 r + e holds weight 8 t + e of row r in its
  * low nibble and weight 8 t + 4 + e in its high one. Q6_K's two high bits of those weights are
- * in byte 4 r + e of the (t / 2)-th 64 bytes of high bits, at bits 4 (t % 2) + 0-1 (low nibble's
- * weight) and + 2-3 (high nibble's). Every value is the file's own (Q4_K's scales only leave
- * their 12-byte packing): x16_group gives ggml.c's form of any group, so the dequantization and
- * mlx's exact reference product read the file's numbers, bit for bit, and a panel is the GEMM's
- * column tile (gemm.c) as it stands.
+ * in byte 4 r + e of the group's (t / 2)-th 64 bytes of high bits, at bits 4 (t % 2) + 0-1 (low
+ * nibble's weight) and + 2-3 (high nibble's); Q5_K's fifth bits in byte 4 r + e of the group's
+ * 64 bytes of them, at bits 2 t (low nibble's weight) and 2 t + 1 (high nibble's). Every value
+ * is the file's own (the K types' scales only leave their 12-byte packing): x16_group gives
+ * ggml.c's form of any group, so the dequantization and mlx's exact reference product read the
+ * file's numbers, bit for bit, and a panel is the GEMM's column tile (gemm.c) as it stands.
  *
  * ggml_blocks.py repacks a matrix when the build has these loops (kiln_has_panels) and its rows
  * are a multiple of 16; the file's pages are then let go. Included by decode.c after ggml.c.
@@ -39,13 +41,14 @@ static inline int x16_base(int type) { return type & ~KILN_X16; }
 /* Weights of one unit: a super-block, or a block. */
 static inline int x16_unit(int type) {
     const int base = x16_base(type);
-    return base == KILN_Q4_K || base == KILN_Q6_K ? 256 : 32;
+    return base == KILN_Q4_K || base == KILN_Q5_K || base == KILN_Q6_K ? 256 : 32;
 }
 
 /* Bytes of one panel's unit: 16 rows' worth. */
 static inline long x16_unit_bytes(int type) {
     switch (x16_base(type)) {
     case KILN_Q4_K: return 2368;
+    case KILN_Q5_K: return 2880;
     case KILN_Q6_K: return 3360;
     case KILN_Q4_0: return 288;
     default: return 544; /* Q8_0 */
@@ -53,16 +56,23 @@ static inline long x16_unit_bytes(int type) {
 }
 
 /* Offsets in a panel's unit (d[16] at 0 in all). */
-enum { X4_DMIN = 32, X4_SC = 64, X4_MN = 192, X4_NIB = 320 };
-enum { X6_SC = 32, X6_NIB = 288, X6_HI = 2336 };
+enum { X4_DMIN = 32, X4_SC = 64, X4_MN = 192, X4_NIB = 320 }; /* Q5_K: Q4_K's */
+enum { X6_SC = 32, X6_NIB = 288 };
 enum { X0_NIB = 32, X8_Q = 32 };
+
+/* Bytes of one group's weights in a panel's unit: its nibbles (4 x 64), then Q5_K's fifth bits
+ * (64) or Q6_K's high bits (2 x 64). One group's bytes lie together: with Q6_K's high bits in a
+ * region of their own, 2 KB after the nibbles, the loops streamed a matrix from memory at half
+ * the row loops' speed on a Zen 4 (10 against 17 GB/s); interleaved, at 22. */
+static inline long x16_group_bytes(int base) { return base == KILN_Q6_K ? 384 : base == KILN_Q5_K ? 320 : 256; }
 
 /* Where row r's weights 8 t .. 8 t + 7 of group j start in a panel's unit o: their nibbles' 4
  * bytes and (Q6_K) their high bits' 4 bytes; Q8_0's weights 4 t .. 4 t + 3. */
 static inline const uint8_t *x16_nib(int base, const uint8_t *o, int r, int j, int t) {
-    return o + (base == KILN_Q4_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : X0_NIB) + 256 * j + 64 * t + 4 * r;
+    return o + (base == KILN_Q4_K || base == KILN_Q5_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : X0_NIB) + x16_group_bytes(base) * j + 64 * t + 4 * r;
 }
-static inline const uint8_t *x16_hi(const uint8_t *o, int r, int j, int t) { return o + X6_HI + 128 * j + 64 * (t / 2) + 4 * r; }
+static inline const uint8_t *x16_h5(const uint8_t *o, int r, int j) { return o + X4_NIB + 320 * j + 256 + 4 * r; }
+static inline const uint8_t *x16_hi(const uint8_t *o, int r, int j, int t) { return o + X6_NIB + 384 * j + 256 + 64 * (t / 2) + 4 * r; }
 static inline const uint8_t *x16_q8(const uint8_t *o, int r, int t) { return o + X8_Q + 64 * t + 4 * r; }
 
 /* Group g of row r (of a matrix in panels, K wide) in ggml.c's form: G and u, exactly what
@@ -74,7 +84,7 @@ static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, k
     G->f = f16_at(o + 2 * rp);
     G->c0 = G->c1 = 1;
     switch (base) {
-    case KILN_Q4_K:
+    case KILN_Q4_K: case KILN_Q5_K:
         G->mt = f16_at(o + X4_DMIN + 2 * rp) * (float)o[X4_MN + 16 * j + rp];
         G->c0 = G->c1 = o[X4_SC + 16 * j + rp];
         break;
@@ -91,9 +101,14 @@ static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, k
     }
     for (int t = 0; t < 4; t++) {
         const uint8_t *n = x16_nib(base, o, rp, j, t), *h = base == KILN_Q6_K ? x16_hi(o, rp, j, t) : NULL;
+        const uint8_t *h5 = base == KILN_Q5_K ? x16_h5(o, rp, j) : NULL;
         for (int e = 0; e < 4; e++) {
             u[8 * t + e] = n[e] & 15;
             u[8 * t + 4 + e] = n[e] >> 4;
+            if (h5) {
+                u[8 * t + e] |= (uint8_t)(((h5[e] >> (2 * t)) & 1) << 4);
+                u[8 * t + 4 + e] |= (uint8_t)(((h5[e] >> (2 * t + 1)) & 1) << 4);
+            }
             if (h) {
                 u[8 * t + e] |= (uint8_t)(((h[e] >> (4 * (t % 2))) & 3) << 4);
                 u[8 * t + 4 + e] |= (uint8_t)(((h[e] >> (4 * (t % 2) + 2)) & 3) << 4);
@@ -126,7 +141,7 @@ static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t
             uint8_t *o = dst + (size_t)s * ub;
             const uint8_t *b = row + (size_t)s * fb;
             memcpy(o + 2 * r, b + (type == KILN_Q6_K ? 208 : 0), 2);
-            if (type == KILN_Q4_K) {
+            if (type == KILN_Q4_K || type == KILN_Q5_K) { /* the same d, dmin and scale packing */
                 memcpy(o + X4_DMIN + 2 * r, b + 2, 2);
                 for (int j = 0; j < 8; j++) {
                     int sc, mn;
@@ -143,6 +158,11 @@ static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t
                 if (type == KILN_Q8_0) {
                     for (int t = 0; t < 8; t++) memcpy((uint8_t *)x16_q8(o, r, t), u + 4 * t, 4);
                     continue;
+                }
+                if (type == KILN_Q5_K) { /* the fifth bits, then the nibbles as Q4_K's */
+                    uint8_t *h5 = (uint8_t *)x16_h5(o, r, j);
+                    for (int t = 0; t < 4; t++)
+                        for (int e = 0; e < 4; e++) h5[e] |= (uint8_t)((u[8 * t + e] >> 4 & 1) << (2 * t) | (u[8 * t + 4 + e] >> 4 & 1) << (2 * t + 1));
                 }
                 uint64_t w[4]; /* per pair of t: the 8 lower-nibble weights, then the 8 upper */
 #if defined(__AVX2__)
@@ -185,7 +205,7 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
         const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / x16_unit(type)) + s) * x16_unit_bytes(type);
         uint8_t *b = out + (size_t)s * fb;
         memcpy(b + (base == KILN_Q6_K ? 208 : 0), o + 2 * rp, 2);
-        if (base == KILN_Q4_K) {
+        if (base == KILN_Q4_K || base == KILN_Q5_K) {
             memcpy(b + 2, o + X4_DMIN + 2 * rp, 2);
             const int sc = G.c0, mn = o[X4_MN + 16 * j + rp];
             if (j < 4) { /* k_scale_min's packing, undone */
@@ -196,7 +216,11 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
                 b[4 + j] |= (uint8_t)((mn >> 4) << 6);
                 b[8 + j] = (uint8_t)((sc & 15) | (mn & 15) << 4);
             }
-            for (int l = 0; l < 32; l++) b[16 + 32 * (j / 2) + l] |= (uint8_t)(u[l] << (4 * (j % 2)));
+            const int five = base == KILN_Q5_K; /* Q5_K: qh[32] at 16, the nibbles at 48; bit j of qh[l] */
+            for (int l = 0; l < 32; l++) {
+                b[(five ? 48 : 16) + 32 * (j / 2) + l] |= (uint8_t)((u[l] & 15) << (4 * (j % 2)));
+                if (five) b[16 + l] |= (uint8_t)((u[l] >> 4) << j);
+            }
         } else if (base == KILN_Q6_K) { /* group_of's Q6_K: half h, quarter i: ql at 64 h + 32 (i & 1), nibble i / 2; qh bits 2 i */
             b[192 + 2 * j] = (uint8_t)G.c0;
             b[192 + 2 * j + 1] = (uint8_t)G.c1;
@@ -216,7 +240,7 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
 /* dst (N / 16 panels) = src (N rows of the file's `type` blocks, K wide) as panels. Returns the
  * panel type, or -1 where the type has none or N is not a multiple of 16. */
 int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst) {
-    if ((type != KILN_Q4_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q8_0) || N % X16_ROWS || N < 1) return -1;
+    if ((type != KILN_Q4_K && type != KILN_Q5_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q8_0) || N % X16_ROWS || N < 1) return -1;
     const long rb = kiln_ggml_row_bytes(type, K);
     if (rb < 0 || K % x16_unit(type)) return -1;
     const long pb = x16_panel_bytes(type, K);
@@ -236,13 +260,19 @@ int kiln_has_panels(void) {
 }
 
 #ifdef KILN_GGML_512
+/* Bit k of each byte of v, at bit 4 (Q5_K's fifth bit of a weight, into its u). 16-bit shifts
+ * leave each byte's bit k at its bit 4, and the mask keeps that bit alone. */
+static inline __m512i x16_bit4(__m512i v, int k, __m512i bit4) {
+    return _mm512_and_si512(k <= 4 ? _mm512_slli_epi16(v, (unsigned)(4 - k)) : _mm512_srli_epi16(v, (unsigned)(k - 4)), bit4);
+}
+
 /* One panel as gemm.c's decoded column tile (its 16 columns are the panel's 16 rows; gemm_pack's
  * layout): each 64 bytes of weights are one or two of the tile's quads as they stand, and the
  * scales are gemm_pack's, f * c and f * m, the same float products. */
 static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, float *s0, float *s1, float *mt) {
     const int base = x16_base(type), per = x16_unit(type) / 32;
     const long ub = x16_unit_bytes(type);
-    const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
+    const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     for (int g = 0; g < K / 32; g++) {
         const uint8_t *o = panel + (size_t)(g / per) * ub;
         const int j = g % per;
@@ -258,12 +288,16 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
                 const __m512i h = _mm512_srli_epi16(_mm512_loadu_si512(x16_hi(o, 0, j, t)), 4 * (t % 2));
                 lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), top2));
                 hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 2), top2));
+            } else if (base == KILN_Q5_K) {
+                const __m512i h5 = _mm512_loadu_si512(x16_h5(o, 0, j));
+                lo = _mm512_or_si512(lo, x16_bit4(h5, 2 * t, bit4));
+                hi = _mm512_or_si512(hi, x16_bit4(h5, 2 * t + 1, bit4));
             }
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t) * 64, lo);
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t + 1) * 64, hi);
         }
         __m512 a = f, b = f, m = _mm512_setzero_ps(); /* Q4_0, Q8_0: f * 1 */
-        if (base == KILN_Q4_K) {
+        if (base == KILN_Q4_K || base == KILN_Q5_K) {
             a = b = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_SC + 16 * j)))));
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_DMIN)));
             m = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + X4_MN + 16 * j)))));
@@ -281,8 +315,8 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
 static inline __attribute__((always_inline)) void x16_tile(const int M, const int type, const uint8_t *panel, const int K, const kiln_act *a, int m0, float *y, long ldy) {
     __m512 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
-    const int q4k = type == KILN_Q4_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32;
+    const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
+    const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32; /* q4k: scales and mins */
     const int z = type == KILN_Q4_0 ? 8 : 128; /* the block types' zero point */
     const long ub = x16_unit_bytes(type);
     for (int s = 0; s < K / x16_unit(type); s++) {
@@ -299,6 +333,10 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
                     u[2 * t] = _mm512_and_si512(v, low4);
                     u[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
                 }
+            }
+            if (type == KILN_Q5_K) {
+                const __m512i h5 = _mm512_loadu_si512(x16_h5(o, 0, j));
+                for (int i = 0; i < 8; i++) u[i] = _mm512_or_si512(u[i], x16_bit4(h5, i, bit4));
             }
             __m512 sc0 = d, sc1 = _mm512_setzero_ps(), mn = _mm512_setzero_ps();
             if (q4k) {
@@ -356,6 +394,7 @@ static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M,
     case n:                                                                                                             \
         switch (x16_base(w->type)) {                                                                                    \
         case KILN_Q4_K: x16_tile(n, KILN_Q4_K, panel, w->k, a, m0, yp, ldy); break;                                     \
+        case KILN_Q5_K: x16_tile(n, KILN_Q5_K, panel, w->k, a, m0, yp, ldy); break;                                     \
         case KILN_Q6_K: x16_tile(n, KILN_Q6_K, panel, w->k, a, m0, yp, ldy); break;                                     \
         case KILN_Q4_0: x16_tile(n, KILN_Q4_0, panel, w->k, a, m0, yp, ldy); break;                                     \
         default: x16_tile(n, KILN_Q8_0, panel, w->k, a, m0, yp, ldy); break;                                            \
@@ -371,8 +410,8 @@ static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M,
 static int x16_selftest(void) {
     enum { K = 256, N = X16_ROWS };
     static uint8_t rows[N * 272], panel[N * 272], back[272];
-    const int types[4] = {KILN_Q4_K, KILN_Q6_K, KILN_Q4_0, KILN_Q8_0};
-    for (int t = 0; t < 4; t++) {
+    const int types[5] = {KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_Q4_0, KILN_Q8_0};
+    for (int t = 0; t < 5; t++) {
         const int type = types[t];
         const long rb = kiln_ggml_row_bytes(type, K);
         for (long i = 0; i < N * rb; i++) rows[i] = (uint8_t)((i * 131 + 17 * t + (i >> 7)) % 251);
@@ -381,7 +420,7 @@ static int x16_selftest(void) {
         for (int r = 0; r < N; r++)
             for (int b = 0; b < K / x16_unit(type); b++) {
                 memcpy(rows + r * rb + b * fb + (type == KILN_Q6_K ? 208 : 0), &scale, 2);
-                if (type == KILN_Q4_K) memcpy(rows + r * rb + b * fb + 2, &scale, 2);
+                if (type == KILN_Q4_K || type == KILN_Q5_K) memcpy(rows + r * rb + b * fb + 2, &scale, 2);
             }
         const int packed = kiln_ggml_pack_x16(type, N, K, rows, panel);
         if (packed != (type | KILN_X16)) return 1;
