@@ -110,6 +110,10 @@ def serve(**options: Any) -> None:
         worker_env = child_env(worker, base)
         # Workers share the cores: each gets its share of BLAS threads unless the user chose.
         worker_env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, count))))
+        if worker.engine == "mlx":
+            from kiln.worker.loading.blas import with_openblas
+
+            worker_env = with_openblas(worker_env)  # preloaded here: the workers need not re-execute
         on_demand: dict[str, list[tuple[str, list[str]]]] = {}
         if served is None:
             workers = [(f"worker-{i}", to_argv(worker)) for i in range(count)]

@@ -160,9 +160,10 @@ static void x16_pack_panel(int type, const uint8_t *src, long rb, int K, uint8_t
                     continue;
                 }
                 if (type == KILN_Q5_K) { /* the fifth bits, then the nibbles as Q4_K's */
-                    uint8_t *h5 = (uint8_t *)x16_h5(o, r, j);
+                    uint8_t h5[4] = {0};
                     for (int t = 0; t < 4; t++)
                         for (int e = 0; e < 4; e++) h5[e] |= (uint8_t)((u[8 * t + e] >> 4 & 1) << (2 * t) | (u[8 * t + 4 + e] >> 4 & 1) << (2 * t + 1));
+                    memcpy((uint8_t *)x16_h5(o, r, j), h5, 4);
                 }
                 uint64_t w[4]; /* per pair of t: the 8 lower-nibble weights, then the 8 upper */
 #if defined(__AVX2__)
@@ -243,8 +244,7 @@ int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst)
     if ((type != KILN_Q4_K && type != KILN_Q5_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q8_0) || N % X16_ROWS || N < 1) return -1;
     const long rb = kiln_ggml_row_bytes(type, K);
     if (rb < 0 || K % x16_unit(type)) return -1;
-    const long pb = x16_panel_bytes(type, K);
-    memset(dst, 0, (size_t)N / X16_ROWS * pb);
+    const long pb = x16_panel_bytes(type, K); /* every byte of dst is written: no clearing pass first */
 #pragma omp parallel for schedule(dynamic, 4) if ((long)N * K >= (1L << 22))
     for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(type, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb);
     return type | KILN_X16;
@@ -422,6 +422,7 @@ static int x16_selftest(void) {
                 memcpy(rows + r * rb + b * fb + (type == KILN_Q6_K ? 208 : 0), &scale, 2);
                 if (type == KILN_Q4_K || type == KILN_Q5_K) memcpy(rows + r * rb + b * fb + 2, &scale, 2);
             }
+        memset(panel, 0xa5, sizeof panel); /* the pack must write every byte */
         const int packed = kiln_ggml_pack_x16(type, N, K, rows, panel);
         if (packed != (type | KILN_X16)) return 1;
         for (int r = 0; r < N; r++) {
