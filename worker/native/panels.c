@@ -245,7 +245,9 @@ int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst)
     const long rb = kiln_ggml_row_bytes(type, K);
     if (rb < 0 || K % x16_unit(type)) return -1;
     const long pb = x16_panel_bytes(type, K); /* every byte of dst is written: no clearing pass first */
-#pragma omp parallel for schedule(dynamic, 4) if ((long)N * K >= (1L << 22))
+    /* One thread: the read is bound by page faults and memory (two threads took as long alone),
+     * and a team's barriers stalled it by seconds while the gateway and the grammar compiler,
+     * which start at the same time, held the other core. */
     for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(type, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb);
     return type | KILN_X16;
 }
