@@ -38,6 +38,9 @@ ALL_PEERS = (*PEERS, "kiln_scripted", "kiln_chat", "kiln_scripted_chat")
 # and each slot's context: -c is divided among the slots, and the longest workload prompt (the
 # ~1000-token shared system prompt plus its output) must fit in one.
 LLAMA_SLOTS = 8
+# How often a starting server's health is asked: load.ready_s is that fine, for every peer alike
+# (at 0.5 s, a 1 s start read as 1.0-1.5 s).
+READY_POLL_S = 0.05
 LLAMA_SLOT_CONTEXT = 2048
 
 
@@ -210,7 +213,7 @@ class Server:
                 raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode} while starting; log: {self.log_path}\n{self.tail()}")
             if self._healthy():
                 return
-            time.sleep(0.5)
+            time.sleep(READY_POLL_S)
         self.stop()
         raise RuntimeError(f"{self.spec.name} not ready after {self.ready_timeout:.0f} s; log: {self.log_path}\n{self.tail()}")
 
