@@ -246,8 +246,7 @@ int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst)
     if (rb < 0 || K % x16_unit(type)) return -1;
     const long pb = x16_panel_bytes(type, K); /* every byte of dst is written: no clearing pass first */
     /* One thread: the read is bound by page faults and memory (two threads took as long alone),
-     * and a team's barriers stalled it by seconds while the gateway and the grammar compiler,
-     * which start at the same time, held the other core. */
+     * and during a start the other core has the gateway's start and the grammar compiler to run. */
     for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(type, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb);
     return type | KILN_X16;
 }
