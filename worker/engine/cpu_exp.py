@@ -28,7 +28,6 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -38,6 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..loading.parameters import flat_parameters
+from .kept import KeptJson
 from .layout import on_cpu
 
 log = logging.getLogger("kiln.worker.engine")
@@ -209,19 +209,12 @@ def _remembered(what: tuple[object, ...], check: Callable[[], bool]) -> bool:
 
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(json.dumps([*map(str, what), getattr(mx, "__version__", "-"), platform.machine()]).encode())
-    path = _cache_dir() / "cpu-exp" / f"{digest.hexdigest()[:24]}.json"
-    try:
-        return bool(json.loads(path.read_text())["agrees"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    kept, key = KeptJson(_cache_dir() / "cpu-exp"), digest.hexdigest()[:24]
+    record = kept.get(key)
+    if record is not None and isinstance(record.get("agrees"), bool):
+        return bool(record["agrees"])
     agrees = check()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as out:
-            json.dump({"agrees": agrees, "what": [str(w) for w in what]}, out)
-        os.replace(out.name, path)
-    except OSError:
-        pass
+    kept.put(key, {"agrees": agrees, "what": [str(w) for w in what]})
     return agrees
 
 

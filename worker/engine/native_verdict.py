@@ -27,7 +27,6 @@ import importlib.metadata
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,6 +35,7 @@ from pathlib import Path
 import mlx.nn as nn
 
 from ..native.build import _cache_dir, _truthy, cpu_kernels
+from .kept import KeptJson
 from .native_decode import NativeDecoder
 
 log = logging.getLogger(__name__)
@@ -95,29 +95,20 @@ class CheckSource:
 
 
 class VerdictStore:
-    """Verdicts by key: {"int8": bool, "float32": bool}, one small JSON file each."""
+    """Verdicts by key: {"int8": bool, "float32": bool}, one small JSON file each (``kept``)."""
 
     def __init__(self, folder: Path | None = None) -> None:
-        self.folder = folder or _cache_dir() / "verdicts"
+        self._kept = KeptJson(folder or _cache_dir() / "verdicts")
 
     def get(self, key: str) -> dict[str, bool]:
-        try:
-            data = json.loads((self.folder / f"{key}.json").read_text())
-        except (OSError, ValueError):
+        verdicts = (self._kept.get(key) or {}).get("verdicts")
+        if not isinstance(verdicts, dict):
             return {}
-        return {k: v for k, v in data.get("verdicts", {}).items() if k in ("int8", "float32") and isinstance(v, bool)}
+        return {k: v for k, v in verdicts.items() if k in ("int8", "float32") and isinstance(v, bool)}
 
     def put(self, key: str, verdicts: dict[str, bool], model: Path) -> None:
-        """Written beside and renamed: two workers starting together never read half a file.
-        A cache that cannot be written (read-only home) only costs the next start its check."""
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".json.partial")
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"model": str(model), "verdicts": verdicts}, fh)
-            os.replace(tmp, self.folder / f"{key}.json")
-        except OSError as exc:
-            log.info("could not keep the native build check's verdict: %s", exc)
+        """A cache that cannot be written (read-only home) only costs the next start its check."""
+        self._kept.put(key, {"model": str(model), "verdicts": verdicts})
 
 
 def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictStore | None = None) -> NativeDecoder | None:
