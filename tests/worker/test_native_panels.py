@@ -39,6 +39,19 @@ def test_panels_give_back_every_row_bit_for_bit(kernel, qtype, scales):
     np.testing.assert_array_equal(kernel.ggml_dequantize(p, ptype, 512, picked), kernel.ggml_dequantize(b, int(qtype), 512, picked))
 
 
+def test_a_matrix_in_large_pages_reads_back_the_same(kernel):
+    """A matrix of more than 4 MB is read into memory asked for in 2 MB pages (a start faults in a
+    512th as many pages): its rows and products are those of the file's rows all the same."""
+    rng = np.random.default_rng(3)
+    b = blocks(rng, Q.Q8_0, 256, 16384, "random")
+    p, ptype = panels(kernel, b, Q.Q8_0, 16384)
+    assert p.nbytes > 4 << 20
+    picked = np.array([255, 0, 17, 128])
+    np.testing.assert_array_equal(kernel.ggml_dequantize(p, ptype, 16384, picked), kernel.ggml_dequantize(b, int(Q.Q8_0), 16384, picked))
+    x = rng.standard_normal((1, 16384)).astype(np.float32)
+    np.testing.assert_array_equal(kernel.ggml_matmul(x, p, ptype, 16384, exact=True), kernel.ggml_matmul(x, b, int(Q.Q8_0), 16384, exact=True))
+
+
 @pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("scales", SCALES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])

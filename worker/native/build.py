@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import mmap
 import os
 import platform
 import shutil
@@ -216,7 +217,7 @@ class CpuKernels:
         panel_type = type_id | X16
         if self.ggml_row_bytes(panel_type, k) < 0:
             return None
-        out = np.empty((n, self.ggml_row_bytes(panel_type, k)), dtype=np.uint8)
+        out = _huge_pages((n, self.ggml_row_bytes(panel_type, k)))
         self.enter()
         if self._lib.kiln_ggml_pack_x16(type_id, n, k, blocks.ctypes.data, out.ctypes.data) != panel_type:
             return None
@@ -282,6 +283,19 @@ def _cpu_flags() -> tuple[str, set[str] | None]:
     except OSError:
         pass
     return platform.processor(), None
+
+
+def _huge_pages(shape: tuple[int, int]) -> np.ndarray:
+    """An uninitialized uint8 array, asked to be backed by 2 MB pages where it spans any."""
+    nbytes = shape[0] * shape[1]
+    if nbytes < 4 << 20 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(shape, dtype=np.uint8)
+    region = mmap.mmap(-1, nbytes)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pass
+    return np.frombuffer(region, dtype=np.uint8).reshape(shape)
 
 
 def _cache_dir() -> Path:
