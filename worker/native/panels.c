@@ -128,6 +128,13 @@ static inline void ggml_dequant_at(int type, const uint8_t *q, int K, long r, in
     ggml_group_values(&G, u, o);
 }
 
+/* How far ahead of the decode loop its panel's bytes are asked into L2. Why: on a Xeon (Sapphire
+ * Rapids) one core streamed panels from memory at ~11.7 GB/s on the hardware prefetchers alone
+ * (they stop at each 4 KB page); asked 16 KB ahead, the 1B Q4_K_M decode step went from 66-71 to
+ * 51-53 ms (interleaved runs; 8 and 32 KB did as well, 2 KB into L1 less). Addresses past the last
+ * panel are only hints: a prefetch never faults. */
+#define X16_PREFETCH 16384
+
 /* Bytes of one panel (16 rows, K wide). */
 static inline long x16_panel_bytes(int type, int K) { return K / x16_unit(type) * x16_unit_bytes(type); }
 
@@ -325,6 +332,8 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
         const __m512 dmin = q4k ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_DMIN))) : _mm512_setzero_ps();
         for (int j = 0; j < per; j++) {
+            for (long c = 0, gb = ub / per; c < gb; c += 64) /* this group's share of a unit 16 KB on */
+                _mm_prefetch((const char *)((uintptr_t)o + X16_PREFETCH + (uintptr_t)(j * gb + c)), _MM_HINT_T1);
             __m512i u[8]; /* u[i]: weights 4 i .. 4 i + 3 of each row */
             if (type == KILN_Q8_0) {
                 for (int t = 0; t < 8; t++) u[t] = _mm512_loadu_si512(x16_q8(o, 0, t));
