@@ -134,14 +134,13 @@ def prefill_together(model: nn.Module, group: list[Prefill], native: NativeDecod
     padding = [width - n for n in lengths]
     if width > 0 and native is not None and native.prefill_rows and (max(padding) > 0 or len(chunks) * width > native.max_rows):
         return _native_runs(group, chunks, native)
-    caches = [c.merge(list(layer)) for c, layer in zip(group[0].begun_cache(), zip(*(p.begun_cache() for p in group), strict=False), strict=False)]
+    caches = _merged(group)
     if width == 0:
         return caches
     tokens = mx.array([c + [0] * (width - len(c)) for c in chunks], dtype=mx.uint32)
     if native is not None and max(padding) == 0 and len(chunks) * width <= native.max_rows:
         native.prefill(tokens, caches)
-        for p in group:
-            p.pos = len(p.req.prompt) - 1
+        _prefilled(group)
         return caches
     if max(padding) > 0:
         for c in caches:
@@ -151,9 +150,20 @@ def prefill_together(model: nn.Module, group: list[Prefill], native: NativeDecod
         for c in caches:
             c.finalize()
     mx.eval([c.state for c in caches])
+    _prefilled(group)
+    return caches
+
+
+def _merged(members: list[Prefill]) -> list[BatchKVCache]:
+    """One batch cache per layer holding each member's begun cache (what the prefix cache gave
+    it) as a row, left-padded to the longest."""
+    return [c.merge(list(layer)) for c, layer in zip(members[0].begun_cache(), zip(*(p.begun_cache() for p in members), strict=False), strict=False)]
+
+
+def _prefilled(group: list[Prefill]) -> None:
+    """Mark the group's prompts done up to their last token, which the decode batch feeds."""
     for p in group:
         p.pos = len(p.req.prompt) - 1
-    return caches
 
 
 def _native_runs(group: list[Prefill], chunks: list[list[int]], native: NativeDecoder) -> list[BatchKVCache]:
@@ -177,7 +187,7 @@ def _native_runs(group: list[Prefill], chunks: list[list[int]], native: NativeDe
     joined: list[BatchKVCache] | None = None
     for first, rows in runs:
         members = group[first : first + rows]
-        caches = [c.merge(list(layer)) for c, layer in zip(members[0].begun_cache(), zip(*(p.begun_cache() for p in members), strict=False), strict=False)]
+        caches = _merged(members)
         if chunks[first]:
             native.prefill(np.array(chunks[first : first + rows], dtype=np.int32), caches)
         if joined is None:
@@ -186,6 +196,5 @@ def _native_runs(group: list[Prefill], chunks: list[list[int]], native: NativeDe
             for mine, theirs in zip(joined, caches, strict=True):
                 mine.extend(theirs)
     assert joined is not None  # a group has a row
-    for p in group:
-        p.pos = len(p.req.prompt) - 1
+    _prefilled(group)
     return joined
