@@ -39,9 +39,9 @@ def test_panels_give_back_every_row_bit_for_bit(kernel, qtype, scales):
     np.testing.assert_array_equal(kernel.ggml_dequantize(p, ptype, 512, picked), kernel.ggml_dequantize(b, int(qtype), 512, picked))
 
 
-def test_a_matrix_in_large_pages_reads_back_the_same(kernel):
-    """A matrix of more than 4 MB is read into memory asked for in 2 MB pages (a start faults in a
-    512th as many pages): its rows and products are those of the file's rows all the same."""
+def test_a_matrix_in_populated_pages_reads_back_the_same(kernel):
+    """A matrix of more than 4 MB is read into memory mapped and faulted in by one call
+    (build._populated): its rows and products are those of the file's rows all the same."""
     rng = np.random.default_rng(3)
     b = blocks(rng, Q.Q8_0, 256, 16384, "random")
     p, ptype = panels(kernel, b, Q.Q8_0, 16384)
