@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from kiln.worker.loading.ggml_blocks import PANELS_ENV, GGMLWeights
+from kiln.worker.loading.ggml_blocks import PANELS_ENV, read_matrices
 from kiln.worker.loading.gguf_read import release_pages
 
 from .test_native_ggml import _block_bound, blocks, rounded
@@ -87,10 +87,15 @@ def test_which_matrices_take_panels(kernel, monkeypatch):
     """The panel types with rows a multiple of 16, where the build has the loops; not other types,
     not 24 rows, not with KILN_NATIVE_PANELS=0."""
     rng = np.random.default_rng(0)
-    made = {(qtype.name, rows): GGMLWeights(blocks(rng, qtype, rows, 256), qtype.name, 256, kernel).repacked for qtype in (*PANEL_TYPES, Q.Q5_0, Q.IQ4_NL) for rows in (32, 24)}
+    kinds = [(qtype.name, rows) for qtype in (*PANEL_TYPES, Q.Q5_0, Q.IQ4_NL) for rows in (32, 24)]
+    matrices = [(blocks(rng, Q[name], rows, 256), name, 256) for name, rows in kinds]
+    read = read_matrices(matrices, kernel)  # one native call for all of them
+    made = {kind: weights.repacked for kind, weights in zip(kinds, read, strict=True)}
     assert made == {(name, rows): kernel.panels and name in {t.name for t in PANEL_TYPES} and rows == 32 for name, rows in made}
+    for (b, name, _), weights in zip(matrices, read, strict=True):  # each its own matrix, bit for bit
+        np.testing.assert_array_equal(weights.dequantize(), kernel.ggml_dequantize(b, int(Q[name]), 256))
     monkeypatch.setenv(PANELS_ENV, "0")
-    assert not GGMLWeights(blocks(rng, Q.Q4_K, 32, 256), "Q4_K", 256, kernel).repacked
+    assert not read_matrices([(blocks(rng, Q.Q4_K, 32, 256), "Q4_K", 256)], kernel)[0].repacked
 
 
 def _rss_file_kb() -> int:

@@ -23,6 +23,7 @@ The blocks are not mlx parameters: nothing in mlx sees them or copies them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -56,11 +57,12 @@ class GGMLWeights:
     """One matrix as a GGUF stores it: ``out_dims`` rows of ``in_dims`` weights in blocks.
 
     Where the kernels have panel loops for its type (Q4_K, Q5_K, Q6_K, Q4_0, Q8_0: native/panels.c) the
-    blocks are read once into panels of 16 rows, ``repacked`` says so, and the file's bytes are
+    blocks are read once into panels of 16 rows (``read_matrices``), ``repacked`` says so, and the file's bytes are
     not read again (the loader then lets their pages go): one-row decoding multiplies 16 rows at
     a time, and every other reader gets each row back bit for bit."""
 
-    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels) -> None:
+    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels, panels: tuple[np.ndarray, int] | None = None) -> None:
+        """`panels`: the blocks already read into panels and their type id (``read_matrices``)."""
         self.type_name = type_name
         self.type_id = TYPE_IDS[type_name]
         self.in_dims = in_dims
@@ -68,10 +70,9 @@ class GGMLWeights:
         self.kernel = kernel
         if kernel.ggml_row_bytes(self.type_id, in_dims) != blocks.shape[1]:
             raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
-        repacked = kernel.ggml_panels(blocks, self.type_id, in_dims) if _panels_wanted() else None
-        self.repacked = repacked is not None
+        self.repacked = panels is not None
         # (out_dims, row bytes) uint8: a view of the memory-mapped file, or its panels
-        self.blocks, self.type_id = repacked if repacked is not None else (blocks, self.type_id)
+        self.blocks, self.type_id = panels if panels is not None else (blocks, self.type_id)
 
     def dequantize(self, rows: np.ndarray | None = None) -> np.ndarray:
         """Rows (all, or those named) as float32."""
@@ -101,6 +102,17 @@ class GGMLWeights:
             parts.append(part)
         y = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
         return y.reshape(*x.shape[:-1], self.out_dims)
+
+
+def read_matrices(matrices: Sequence[tuple[np.ndarray, str, int]], kernel: CpuKernels) -> list[GGMLWeights]:
+    """A ``GGMLWeights`` for each (blocks, type name, in dims), those whose type has panels read
+    into them (unless ``KILN_NATIVE_PANELS=0``) all in one native call (``CpuKernels.ggml_panels_many``)."""
+    for blocks, type_name, in_dims in matrices:
+        if kernel.ggml_row_bytes(TYPE_IDS[type_name], in_dims) != blocks.shape[1]:
+            raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
+    wanted = [(blocks, TYPE_IDS[type_name], in_dims) for blocks, type_name, in_dims in matrices]
+    panels = kernel.ggml_panels_many(wanted) if _panels_wanted() else [None] * len(matrices)
+    return [GGMLWeights(blocks, type_name, in_dims, kernel, read) for (blocks, type_name, in_dims), read in zip(matrices, panels, strict=True)]
 
 
 class GGMLLinear(nn.Module):

@@ -23,7 +23,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .errors import UnsupportedModelError
-from .ggml_blocks import AFFINE_FILE_TYPES, KEPT_TYPES, GGMLEmbedding, GGMLLinear, GGMLWeights
+from .ggml_blocks import AFFINE_FILE_TYPES, KEPT_TYPES, GGMLEmbedding, GGMLLinear, read_matrices
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_header import GGUFHeader, read_header
 from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf, release_pages
@@ -148,13 +148,13 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
     modules = dict(model.named_modules())
     replaced: list[tuple[str, nn.Module]] = []
     started, repacked = time.perf_counter(), []
-    for name, (type_name, data, in_dims) in contents.blocks.items():
-        target = _mlx_name(name, arch.block_names)
-        if target is None or kernel is None:
-            continue
-        path = target[: -len(".weight")]
+    named = [(target[: -len(".weight")], name) for name in contents.blocks if (target := _mlx_name(name, arch.block_names)) is not None]
+    if kernel is None or not named:
+        return
+    read = read_matrices([(data, type_name, in_dims) for type_name, data, in_dims in (contents.blocks[name] for _, name in named)], kernel)
+    for (path, name), blocks in zip(named, read, strict=True):
+        type_name, data, _ = contents.blocks[name]
         module = modules.get(path)
-        blocks = GGMLWeights(data, type_name, in_dims, kernel)
         if blocks.repacked:
             release_pages(data)
             repacked.append(blocks.blocks.nbytes)

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -116,8 +116,8 @@ class CpuKernels:
         self.gemm: bool = bool(library.kiln_has_gemm())
         # Whether this build multiplies Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 matrices re-laid in panels of 16 rows (panels.c).
         self.panels: bool = bool(library.kiln_has_panels())
-        library.kiln_ggml_pack_x16.argtypes = [i32, i32, i32, ptr, ptr]
-        library.kiln_ggml_pack_x16.restype = i32
+        library.kiln_ggml_pack_x16_many.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr]
+        library.kiln_ggml_pack_x16_many.restype = None
         library.kiln_set_parallel_macs.argtypes = [i64]
         if os.environ.get("KILN_NATIVE_PARALLEL_MACS"):
             library.kiln_set_parallel_macs(int(os.environ["KILN_NATIVE_PARALLEL_MACS"]))
@@ -211,17 +211,39 @@ class CpuKernels:
         """A GGUF matrix's blocks re-laid in panels of 16 rows (panels.c) and the type id they
         are read as, or None where this build has no loops for them, the type has no panels or
         the rows are not a multiple of 16. The panels are a new array; ``blocks`` is only read."""
-        n = blocks.shape[0]
-        if not self.panels or n % 16 or self.ggml_row_bytes(type_id, k) != blocks.shape[1] or not blocks.flags.c_contiguous:
-            return None
-        panel_type = type_id | X16
-        if self.ggml_row_bytes(panel_type, k) < 0:
-            return None
-        out = _populated((n, self.ggml_row_bytes(panel_type, k)))
+        return self.ggml_panels_many([(blocks, type_id, k)])[0]
+
+    def ggml_panels_many(self, matrices: Sequence[tuple[np.ndarray, int, int]]) -> list[tuple[np.ndarray, int] | None]:
+        """``ggml_panels`` of each (blocks, type id, k), all read in one native call into one new
+        mapping (each matrix a page-aligned view of it): see kiln_ggml_pack_x16_many for why."""
+        results: list[tuple[np.ndarray, int] | None] = [None] * len(matrices)
+        if not self.panels:
+            return results
+        planned: list[tuple[int, int, int]] = []  # (index, panel row bytes, offset)
+        total = 0
+        for i, (blocks, type_id, k) in enumerate(matrices):
+            n = blocks.shape[0]
+            row_bytes = self.ggml_row_bytes(type_id | X16, k)
+            if n % 16 or row_bytes < 0 or self.ggml_row_bytes(type_id, k) != blocks.shape[1] or not blocks.flags.c_contiguous:
+                continue
+            planned.append((i, row_bytes, total))
+            total += -(-n * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        if not planned:
+            return results
+        region = _populated(total)
+        views = [region[off : off + matrices[i][0].shape[0] * rb].reshape(matrices[i][0].shape[0], rb) for i, rb, off in planned]
+        types = np.array([matrices[i][1] for i, _, _ in planned], dtype=np.int32)
+        rows = np.array([matrices[i][0].shape[0] for i, _, _ in planned], dtype=np.int32)
+        widths = np.array([matrices[i][2] for i, _, _ in planned], dtype=np.int32)
+        sources = np.array([matrices[i][0].ctypes.data for i, _, _ in planned], dtype=np.uintp)
+        targets = np.array([v.ctypes.data for v in views], dtype=np.uintp)
+        made = np.empty(len(planned), dtype=np.int32)
         self.enter()
-        if self._lib.kiln_ggml_pack_x16(type_id, n, k, blocks.ctypes.data, out.ctypes.data) != panel_type:
-            return None
-        return out, panel_type
+        self._lib.kiln_ggml_pack_x16_many(len(planned), types.ctypes.data, rows.ctypes.data, widths.ctypes.data, sources.ctypes.data, targets.ctypes.data, made.ctypes.data)
+        for (i, _, _), view, type_id, got in zip(planned, views, types, made, strict=True):
+            if got == type_id | X16:
+                results[i] = (view, int(got))
+        return results
 
     def ggml_matmul(self, x: np.ndarray, blocks: np.ndarray, type_id: int, k: int, exact: bool = False) -> np.ndarray:
         """``x @ W.T`` for W stored as a GGUF's blocks of ``type_id`` (rows x row bytes, uint8),
@@ -289,24 +311,23 @@ def _cpu_flags() -> tuple[str, set[str] | None]:
 _MADV_POPULATE_WRITE = 23
 
 
-def _populated(shape: tuple[int, int]) -> np.ndarray:
-    """An uninitialized uint8 array whose pages are all faulted in by one call.
+def _populated(nbytes: int) -> np.ndarray:
+    """An uninitialized uint8 array of `nbytes` whose pages are all faulted in by one call.
 
-    Why: the pack loop wrote a 1B file's 456 MB of panels into pages faulted one at a time, 0.2 s
+    Why: the pack loop wrote a 1B file's 680 MB of panels into pages faulted one at a time, 0.2 s
     of a start in 4 KB pages; MADV_POPULATE_WRITE maps them in 0.14-0.15 s. Not 2 MB pages:
     asked for with MADV_HUGEPAGE (the last version of this, which mapped shared memory, where this
     kernel never gives them), this VM took 0.1 to 0.9 s for them from one start to the next, and
     the decode figures were all measured on 4 KB pages. A kernel without the call (EINVAL) faults
     the pages in as they are written."""
-    nbytes = shape[0] * shape[1]
     if nbytes < 4 << 20 or not hasattr(mmap, "MAP_PRIVATE"):
-        return np.empty(shape, dtype=np.uint8)
+        return np.empty(nbytes, dtype=np.uint8)
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         region.madvise(_MADV_POPULATE_WRITE)
     except OSError:
         pass
-    return np.frombuffer(region, dtype=np.uint8).reshape(shape)
+    return np.frombuffer(region, dtype=np.uint8)
 
 
 def _cache_dir() -> Path:
