@@ -8,8 +8,9 @@ which lists them in ``/v1/models`` (``memory``, docs/api.md):
   native decode kernels read (loading/packed.py) and the GGUF blocks kept in place
   (loading/ggml_blocks.py); ``weights_mapped_bytes`` is the part that is the memory-mapped file
   itself (pages shared with the page cache, which the kernel may drop and read again). Matrices
-  read into panels (Q4_K, Q5_K, Q6_K, Q4_0, Q8_0 where the build has panel loops) are the process's
-  own memory, as large as the file's blocks give or take 3%, and not counted as mapped.
+  read into panels (Q4_K, Q5_K, Q6_K, Q4_0, Q8_0 where the build has panel loops) are as large as
+  the file's blocks give or take 3%: the process's own memory at a file's first start, and
+  mapped too at later ones, from the panels kept on disk (loading/panel_cache.py).
 - ``kv_cache_bytes``: the keys and values of one sequence at the served context window
   (``kv_bytes_per_token`` times the window), in the dtype the model computes in; each running
   request holds its own, up to ``max_batch``, and the prompt cache up to ``cache_bytes`` more.
@@ -46,7 +47,7 @@ def _weights(model: nn.Module) -> tuple[int, int]:
         if blocks is not None and id(blocks.blocks) not in seen:
             seen.add(id(blocks.blocks))
             total += blocks.blocks.nbytes
-            if not blocks.repacked:  # panels are the process's own memory (ggml_blocks.py)
+            if blocks.mapped:  # the GGUF's blocks or kept panels, not the process's own memory
                 mapped += blocks.blocks.nbytes
         packed = getattr(module, "_packed", None)
         if packed is not None and id(packed) not in seen:

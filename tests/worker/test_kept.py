@@ -1,6 +1,6 @@
 """Records kept across starts (worker/engine/kept.py): what both start-time checks rely on."""
 
-from kiln.worker.engine.kept import KeptJson
+from kiln.worker.native.kept import KeptJson
 
 
 def test_a_record_is_kept_and_replaced(tmp_path):

@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..loading.parameters import flat_parameters
-from .kept import KeptJson
+from ..native.kept import KeptJson
 from .layout import on_cpu
 
 log = logging.getLogger("kiln.worker.engine")

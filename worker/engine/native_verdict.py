@@ -35,7 +35,7 @@ from pathlib import Path
 import mlx.nn as nn
 
 from ..native.build import _cache_dir, _truthy, cpu_kernels
-from .kept import KeptJson
+from ..native.kept import KeptJson
 from .native_decode import NativeDecoder
 
 log = logging.getLogger(__name__)

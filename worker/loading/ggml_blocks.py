@@ -30,6 +30,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..native.build import CpuKernels
+from .panel_cache import PanelCache
 
 # GGML type ids of the types the native kernels read in place (gguf's GGMLQuantizationType).
 TYPE_IDS: dict[str, int] = {
@@ -61,8 +62,9 @@ class GGMLWeights:
     not read again (the loader then lets their pages go): one-row decoding multiplies 16 rows at
     a time, and every other reader gets each row back bit for bit."""
 
-    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels, panels: tuple[np.ndarray, int] | None = None) -> None:
-        """`panels`: the blocks already read into panels and their type id (``read_matrices``)."""
+    def __init__(self, blocks: np.ndarray, type_name: str, in_dims: int, kernel: CpuKernels, panels: tuple[np.ndarray, int] | None = None, kept: bool = False) -> None:
+        """`panels`: the blocks already read into panels and their type id (``read_matrices``);
+        `kept`: those panels are mapped from a file of them (``panel_cache``)."""
         self.type_name = type_name
         self.type_id = TYPE_IDS[type_name]
         self.in_dims = in_dims
@@ -71,6 +73,9 @@ class GGMLWeights:
         if kernel.ggml_row_bytes(self.type_id, in_dims) != blocks.shape[1]:
             raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
         self.repacked = panels is not None
+        # Whether the matrix is a mapped file's pages (the GGUF's blocks or kept panels), which the
+        # kernel may drop and read again, rather than the process's own memory.
+        self.mapped = panels is None or kept
         # (out_dims, row bytes) uint8: a view of the memory-mapped file, or its panels
         self.blocks, self.type_id = panels if panels is not None else (blocks, self.type_id)
 
@@ -104,15 +109,23 @@ class GGMLWeights:
         return y.reshape(*x.shape[:-1], self.out_dims)
 
 
-def read_matrices(matrices: Sequence[tuple[np.ndarray, str, int]], kernel: CpuKernels) -> list[GGMLWeights]:
+def read_matrices(matrices: Sequence[tuple[np.ndarray, str, int]], kernel: CpuKernels, kept: PanelCache | None = None) -> list[GGMLWeights]:
     """A ``GGMLWeights`` for each (blocks, type name, in dims), those whose type has panels read
-    into them (unless ``KILN_NATIVE_PANELS=0``) all in one native call (``CpuKernels.ggml_panels_many``)."""
+    into them (unless ``KILN_NATIVE_PANELS=0``): mapped from `kept` where it has them, else all
+    in one native call (``CpuKernels.ggml_panels_many``) and then kept there for later starts."""
     for blocks, type_name, in_dims in matrices:
         if kernel.ggml_row_bytes(TYPE_IDS[type_name], in_dims) != blocks.shape[1]:
             raise ValueError(f"{type_name} rows of {blocks.shape[1]} bytes do not hold {in_dims} weights")
     wanted = [(blocks, TYPE_IDS[type_name], in_dims) for blocks, type_name, in_dims in matrices]
-    panels = kernel.ggml_panels_many(wanted) if _panels_wanted() else [None] * len(matrices)
-    return [GGMLWeights(blocks, type_name, in_dims, kernel, read) for (blocks, type_name, in_dims), read in zip(matrices, panels, strict=True)]
+    panels: Sequence[tuple[np.ndarray, int] | None] = [None] * len(matrices)
+    mapped = False
+    if _panels_wanted() and kernel.panels:
+        found = kept.mapped(wanted, kernel) if kept is not None else None
+        mapped = found is not None
+        panels = found if found is not None else kernel.ggml_panels_many(wanted)
+        if kept is not None and not mapped:
+            kept.keep(wanted, panels)
+    return [GGMLWeights(blocks, type_name, in_dims, kernel, read, mapped) for (blocks, type_name, in_dims), read in zip(matrices, panels, strict=True)]
 
 
 class GGMLLinear(nn.Module):

@@ -29,6 +29,7 @@ from .gguf_header import GGUFHeader, read_header
 from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf, release_pages
 from .gguf_vocab import UnsupportedTokenizerError
 from .info import ModelInfo
+from .panel_cache import PanelCache
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.worker.loading")
@@ -139,7 +140,7 @@ def _kept_types(header: GGUFHeader | None, keep_blocks: bool) -> frozenset[str]:
     return KEPT_TYPES
 
 
-def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, weights: Mapping[str, mx.array]) -> None:
+def _use_blocks(model: nn.Module, model_path: Path, contents: GGUFContents, arch: Architecture, weights: Mapping[str, mx.array]) -> None:
     """Put a GGMLLinear / GGMLEmbedding over each kept matrix's blocks where the model has its
     Linear / Embedding (before load_weights, which then loads only the rest)."""
     from ..native.build import cpu_kernels
@@ -151,7 +152,8 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
     named = [(target[: -len(".weight")], name) for name in contents.blocks if (target := _mlx_name(name, arch.block_names)) is not None]
     if kernel is None or not named:
         return
-    read = read_matrices([(data, type_name, in_dims) for type_name, data, in_dims in (contents.blocks[name] for _, name in named)], kernel)
+    kept = PanelCache.for_file(model_path, kernel)
+    read = read_matrices([(data, type_name, in_dims) for type_name, data, in_dims in (contents.blocks[name] for _, name in named)], kernel, kept)
     for (path, name), blocks in zip(named, read, strict=True):
         type_name, data, _ = contents.blocks[name]
         module = modules.get(path)
@@ -165,7 +167,8 @@ def _use_blocks(model: nn.Module, contents: GGUFContents, arch: Architecture, we
         else:
             raise UnsupportedModelError(f"tensor {name} ({type_name}) is not a matrix Kiln reads as blocks")
     if repacked:
-        log.info("read %d matrices (%.0f MB) into panels of 16 rows in %.1f s", len(repacked), sum(repacked) / 1e6, time.perf_counter() - started)
+        how = "mapped the panels kept for" if all(w.mapped for w in read if w.repacked) else "read into panels of 16 rows"
+        log.info("%s %d matrices (%.0f MB) in %.1f s", how, len(repacked), sum(repacked) / 1e6, time.perf_counter() - started)
     if replaced:
         model.update_modules(tree_unflatten(replaced))
 
@@ -225,7 +228,7 @@ def load_gguf(path: str | Path, keep_blocks: bool = False, on_tokenizer: Callabl
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)  # e.g. gemma3 drops its head when tied
     nn.quantize(model, class_predicate=lambda p, m: _quant_params(p, weights, m))
-    _use_blocks(model, contents, arch, weights)
+    _use_blocks(model, path, contents, arch, weights)
     rope_factors = contents.tensors.get("rope_freqs.weight")
     if rope_factors is not None and arch.name == "llama":
         for layer in model.model.layers:

@@ -2,8 +2,8 @@
 
 Why: two start-time checks cost most of a second to many seconds of every start and depend only on
 what they compare, so each remembers its answer: the native pass's build check
-(``native_verdict``) and the agreement check of the fast exp (``cpu_exp``). Both need the same
-care, kept here once: a record is written beside its file and renamed, so two workers starting
+(``native_verdict``) and the agreement check of the fast exp (``cpu_exp``); the kept panels'
+index is one too (``loading/panel_cache``). All need the same care, kept here once: a record is written beside its file and renamed, so two workers starting
 together never read half a file; a write that fails leaves no temporary file behind; and a folder
 that cannot be read or written only means the check runs again at the next start.
 """
