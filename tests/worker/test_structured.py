@@ -443,3 +443,18 @@ def test_tool_call_grammar_ignores_keywords_it_cannot_enforce(compiler):
     }
     processor = compiler.processor_for_grammar(tool_call_grammar([tool], "required", parallel=False))
     assert processor.error is None
+
+
+def test_a_tokenizer_set_to_pad_and_truncate_constrains_alike(compiler, tokenizer):
+    """llguidance reads the tokenizer's JSON: one set to pad and truncate (as a folder's may be)
+    is read without those settings, and allows exactly the tokens the plain one allows."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    padded = HFTokenizer.from_str(tokenizer.hf_tokenizer.to_str())
+    padded.enable_padding(length=64)
+    padded.enable_truncation(max_length=8)
+    other = GrammarCompiler(padded, tokenizer.eos_token_ids)
+    schema = {"type": "json_schema", "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+    allowed = [np.isfinite(np.array(c.processor_for(schema)(mx.array([9]), mx.zeros((1, c.vocab_size))))[0]) for c in (compiler, other)]
+    np.testing.assert_array_equal(allowed[0], allowed[1])
+    assert padded.padding is not None  # the caller's tokenizer is left as it was
