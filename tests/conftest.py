@@ -125,6 +125,19 @@ def _data_home(tmp_path_factory):
         os.environ["XDG_DATA_HOME"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _panel_cache(tmp_path_factory):
+    """A GGUF's panels are kept on disk at its first start (worker/loading/panel_cache.py), the 3
+    most recent files: the test files' go to a folder of the run, never evicting a user's own."""
+    old = os.environ.get("KILN_NATIVE_PANEL_CACHE")
+    os.environ["KILN_NATIVE_PANEL_CACHE"] = str(tmp_path_factory.mktemp("panels"))
+    yield
+    if old is None:
+        os.environ.pop("KILN_NATIVE_PANEL_CACHE", None)
+    else:
+        os.environ["KILN_NATIVE_PANEL_CACHE"] = old
+
+
 @pytest.fixture(autouse=True)
 def _report_tasks_of_a_hang(request):
     """Shortly before pytest-timeout ends a hung run (its ``timeout`` in pyproject.toml), the

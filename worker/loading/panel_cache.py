@@ -16,7 +16,8 @@ memory pressure, as llama.cpp's are), packs nothing and reads none of the GGUF's
 - Bound: the ``KEPT_FILES`` most recently used files; older ones are removed when one is written.
 - Check: before a kept file is used, two rows of three of its matrices are read back and must
   equal the GGUF's own rows bit for bit; else it is removed and the panels are read again.
-- ``KILN_NATIVE_PANEL_CACHE=0`` turns it off (every start reads the panels from the GGUF).
+- ``KILN_NATIVE_PANEL_CACHE=0`` turns it off (every start reads the panels from the GGUF); an
+  absolute path there keeps them in that folder instead.
 
 The first start of a file pays the write on top of the read (about 0.2-0.5 s a GB into the page
 cache; the disk gets it later); a folder that cannot be written only means the next start reads
@@ -52,8 +53,14 @@ Matrix = tuple[np.ndarray, int, int]
 Panels = tuple[np.ndarray, int]
 
 
-def _wanted() -> bool:
-    return os.environ.get(CACHE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+def _folder() -> Path | None:
+    """Where panels are kept: ``KILN_NATIVE_PANEL_CACHE`` if it names a folder (an absolute
+    path: the test suite keeps its own there), else ``<native cache>/panels``; None where it is
+    turned off."""
+    value = os.environ.get(CACHE_ENV, "1").strip()
+    if value.lower() in ("0", "false", "no", "off"):
+        return None
+    return Path(value) if os.path.isabs(value) else _cache_dir() / "panels"
 
 
 class PanelCache:
@@ -66,10 +73,12 @@ class PanelCache:
 
     @classmethod
     def for_file(cls, path: Path, kernel: CpuKernels, folder: Path | None = None) -> PanelCache | None:
-        """The cache of `path` with `kernel`'s build; None where it is turned off or the file
-        cannot be identified."""
-        if not _wanted():
+        """The cache of `path` with `kernel`'s build, in `folder` (default: ``_folder()``'s); None
+        where it is turned off or the file cannot be identified."""
+        default = _folder()
+        if default is None:
             return None
+        folder = folder or default
         library = getattr(kernel.library, "_name", None)
         try:
             resolved = path.resolve()
@@ -77,7 +86,7 @@ class PanelCache:
         except OSError:
             return None
         ident = [str(resolved), st.st_size, st.st_mtime_ns, st.st_ino, os.path.basename(str(library)), FORMAT]
-        return cls(folder or _cache_dir() / "panels", hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24])
+        return cls(folder, hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24])
 
     @property
     def data_path(self) -> Path:
