@@ -420,7 +420,7 @@ static void product_column(const kiln_qw *w, int o, const kiln_act *a, int int8,
     for (int m0 = 0; m0 < a->M; m0 += KILN_QMM_MAX_ROWS) {
         int M = a->M - m0 < KILN_QMM_MAX_ROWS ? a->M - m0 : KILN_QMM_MAX_ROWS;
         float *ym = y + m0 * ldy;
-#ifdef KILN_GGML_512
+#ifdef KILN_X16_LOOPS
         if (w->type & KILN_X16) {
             x16_panel(w, o / X16_ROWS, a, m0, M, ym - o, ldy);
             continue;

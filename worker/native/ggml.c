@@ -624,6 +624,12 @@ static inline __attribute__((always_inline)) void ggml_tile_b512(const int M, co
 }
 #endif
 
+/* Builds with loops that multiply matrices in panels of 16 rows (panels.c): AVX-512 VNNI's, and
+ * AVX-VNNI's at 256 bits (Intel's client cores from Alder Lake on have it and no AVX-512). */
+#if defined(KILN_GGML_512) || (defined(__AVXVNNI__) && defined(__F16C__))
+#define KILN_X16_LOOPS 1
+#endif
+
 /* Every group of a row against M rows of activations, for the types without a loop of their own. */
 static inline __attribute__((always_inline)) void ggml_groups(const int M, const int type, const uint8_t *row, const int K, const kiln_act *a, int m0, __m256 *acc, float *extra) {
     for (int g = 0; g < K / 32; g++) {
@@ -732,7 +738,7 @@ static void ggml_act_free(kiln_act *a) {
     free(a->gq); free(a->gd); free(a->gsum);
 }
 
-#ifdef KILN_GGML_512
+#ifdef KILN_X16_LOOPS
 static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M, float *y, long ldy); /* panels.c */
 #endif
 
@@ -745,7 +751,7 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
     kiln_qw w = {.q = q, .n = N, .k = K, .type = type};
     int parallel = (long)M * N * K >= parallel_macs;
     if (type & KILN_X16) { /* panels: 16 columns at a time */
-#ifdef KILN_GGML_512
+#ifdef KILN_X16_LOOPS
 #pragma omp parallel for schedule(static) if (parallel)
         for (int p = 0; p < N / 16; p++)
             for (int m0 = 0; m0 < M; m0 += KILN_QMM_MAX_ROWS)

@@ -274,7 +274,7 @@ void kiln_ggml_pack_x16_many(int count, const int32_t *types, const int32_t *N, 
 
 /* 1 where this build multiplies panels with loops of their own (else nothing repacks). */
 int kiln_has_panels(void) {
-#ifdef KILN_GGML_512
+#ifdef KILN_X16_LOOPS
     return 1;
 #else
     return 0;
@@ -410,6 +410,99 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
     for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy, q4k ? _mm512_sub_ps(acc[m], cor[m]) : _mm512_add_ps(acc[m], cor[m]));
 }
 
+#elif defined(KILN_X16_LOOPS)
+/* Bit k of each byte of v, at bit 4 (x16_bit4 at 256 bits). */
+static inline __m256i x16_bit4_256(__m256i v, int k, __m256i bit4) {
+    return _mm256_and_si256(k <= 4 ? _mm256_slli_epi16(v, 4 - k) : _mm256_srli_epi16(v, k - 4), bit4);
+}
+
+/* x16_tile at 256 bits, for half `half` of the panel's rows (0: rows 0-7, 1: rows 8-15): each 64
+ * bytes of a panel's weights are two vectors, one per half. One half at a time over the whole
+ * width, so that AVX2's 16 registers hold a half's 8 weight vectors and its sums; the second half
+ * reads the panel from L2 (a 2048-wide Q4_K panel is 19 KB, an 8192-wide one 76 KB). */
+static inline __attribute__((always_inline)) void x16_half(const int M, const int type, const uint8_t *panel, const int K, const kiln_act *a, int m0, float *y, long ldy, const int half) {
+    __m256 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
+    const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32;
+    const int z = type == KILN_Q4_0 ? 8 : 128;
+    const long ub = x16_unit_bytes(type);
+    const int hb = 32 * half, hr = 8 * half; /* the half's bytes in each 64, and its first row */
+    for (int s = 0; s < K / x16_unit(type); s++) {
+        const uint8_t *o = panel + (size_t)s * ub;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 2 * hr)));
+        const __m256 dmin = q4k ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + X4_DMIN + 2 * hr))) : _mm256_setzero_ps();
+        for (int j = 0; j < per; j++) {
+            if (!half) /* the first half brings the panel from memory, asked for ahead as x16_tile does */
+                for (long c = 0, gb = ub / per; c < gb; c += 64) _mm_prefetch((const char *)((uintptr_t)o + X16_PREFETCH + (uintptr_t)(j * gb + c)), _MM_HINT_T1);
+            __m256i u[8];
+            if (type == KILN_Q8_0) {
+                for (int t = 0; t < 8; t++) u[t] = _mm256_loadu_si256((const __m256i *)(x16_q8(o, 0, t) + hb));
+            } else {
+                for (int t = 0; t < 4; t++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(x16_nib(type, o, 0, j, t) + hb));
+                    u[2 * t] = _mm256_and_si256(v, low4);
+                    u[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                }
+            }
+            if (type == KILN_Q5_K) {
+                const __m256i h5 = _mm256_loadu_si256((const __m256i *)(x16_h5(o, 0, j) + hb));
+                for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], x16_bit4_256(h5, i, bit4));
+            }
+            __m256 sc0 = d, sc1 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
+            if (q4k) {
+                sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + X4_SC + 16 * j + hr)))));
+                mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + X4_MN + 16 * j + hr)))));
+            } else if (q6k) {
+                for (int h = 0; h < 2; h++) {
+                    const __m256i hbits = _mm256_loadu_si256((const __m256i *)(x16_hi(o, 0, j, 2 * h) + hb));
+                    u[4 * h] = _mm256_or_si256(u[4 * h], _mm256_and_si256(_mm256_slli_epi16(hbits, 4), top2));
+                    u[4 * h + 1] = _mm256_or_si256(u[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(hbits, 2), top2));
+                    u[4 * h + 2] = _mm256_or_si256(u[4 * h + 2], _mm256_and_si256(hbits, top2));
+                    u[4 * h + 3] = _mm256_or_si256(u[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(hbits, 2), top2));
+                }
+                sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + X6_SC + 32 * j + hr)))));
+                sc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + X6_SC + 32 * j + 16 + hr)))));
+            }
+            const int g = s * per + j;
+            for (int m = 0; m < M; m++) {
+                const long r = m0 + m;
+                const int32_t *x = (const int32_t *)(a->gq + r * a->gq_ld + g * 32);
+                const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
+                const __m256 dx = _mm256_set1_ps(a->gd[r * a->gd_ld + g]);
+                __m256i i0 = GGML_DOT(_mm256_setzero_si256(), u[0], _mm256_set1_epi32(x[0]));
+                i0 = GGML_DOT(i0, u[1], _mm256_set1_epi32(x[1]));
+                i0 = GGML_DOT(i0, u[2], _mm256_set1_epi32(x[2]));
+                i0 = GGML_DOT(i0, u[3], _mm256_set1_epi32(x[3]));
+                __m256i i1 = GGML_DOT(_mm256_setzero_si256(), u[4], _mm256_set1_epi32(x[4]));
+                i1 = GGML_DOT(i1, u[5], _mm256_set1_epi32(x[5]));
+                i1 = GGML_DOT(i1, u[6], _mm256_set1_epi32(x[6]));
+                i1 = GGML_DOT(i1, u[7], _mm256_set1_epi32(x[7]));
+                if (q4k) {
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(sc0, dx), acc[m]);
+                    cor[m] = _mm256_fmadd_ps(mn, _mm256_mul_ps(dx, _mm256_set1_ps((float)(is[0] + is[1]))), cor[m]);
+                } else if (q6k) {
+                    i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(32 * is[0]));
+                    i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(32 * is[1]));
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(sc0, dx), acc[m]);
+                    cor[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(sc1, dx), cor[m]);
+                } else {
+                    const __m256i i = _mm256_sub_epi32(_mm256_add_epi32(i0, i1), _mm256_set1_epi32(z * (is[0] + is[1])));
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sc0, dx), acc[m]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) _mm256_storeu_ps(y + m * ldy + hr, q4k ? _mm256_sub_ps(acc[m], cor[m]) : _mm256_add_ps(acc[m], cor[m]));
+}
+
+static inline __attribute__((always_inline)) void x16_tile(const int M, const int type, const uint8_t *panel, const int K, const kiln_act *a, int m0, float *y, long ldy) {
+    x16_half(M, type, panel, K, a, m0, y, ldy, 0);
+    x16_half(M, type, panel, K, a, m0, y, ldy, 1);
+}
+#endif
+
+#ifdef KILN_X16_LOOPS
 /* Panel p of w against rows m0 .. m0 + M - 1 (M <= 8) of a: one copy per type and row count. */
 static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M, float *y, long ldy) {
     const uint8_t *panel = w->q + (size_t)p * x16_panel_bytes(w->type, w->k);
@@ -453,7 +546,7 @@ static int x16_selftest(void) {
             x16_row(packed, panel, K, r, back);
             if (memcmp(back, rows + r * rb, (size_t)rb)) return 1;
         }
-#ifdef KILN_GGML_512
+#ifdef KILN_X16_LOOPS
         float x[K], y[N], ref[N];
         int8_t xq[K];
         float d[K / 32];
