@@ -109,13 +109,14 @@ class PanelCache:
                     results.append(None)
                     continue
                 kept_type, rows, width, panel_type, row_bytes, offset = entry
-                if (kept_type, rows, width) != (type_id, blocks.shape[0], k) or offset + rows * row_bytes > mapping.size:
+                expected = (type_id, blocks.shape[0], k, kernel.ggml_row_bytes(panel_type, k))
+                if (kept_type, rows, width, row_bytes) != expected or offset + rows * row_bytes > mapping.size:
                     return None
                 results.append((mapping[offset : offset + rows * row_bytes].reshape(rows, row_bytes), panel_type))
         except (OSError, ValueError, TypeError):
             return None
         if not self._agrees(matrices, results, kernel):
-            log.warning("the panels kept in %s do not match %s's rows: removed, reading them again", self.data_path, "the model file")
+            log.warning("the panels kept in %s do not match the model file's rows: removed, reading them again", self.data_path)
             self._remove(self.key)
             return None
         try:
