@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -116,26 +117,25 @@ if os.environ.get("CI"):
 def _data_home(tmp_path_factory):
     """``kiln serve`` keeps its sealing key in $XDG_DATA_HOME/kiln (kiln/state.py): the servers a
     test run starts keep theirs in a folder of the run, never in the user's home."""
-    old = os.environ.get("XDG_DATA_HOME")
-    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("data-home"))
-    yield
-    if old is None:
-        os.environ.pop("XDG_DATA_HOME", None)
-    else:
-        os.environ["XDG_DATA_HOME"] = old
+    yield from _session_env("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data-home")))
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _panel_cache(tmp_path_factory):
     """A GGUF's panels are kept on disk at its first start (worker/loading/panel_cache.py), the 3
     most recent files: the test files' go to a folder of the run, never evicting a user's own."""
-    old = os.environ.get("KILN_NATIVE_PANEL_CACHE")
-    os.environ["KILN_NATIVE_PANEL_CACHE"] = str(tmp_path_factory.mktemp("panels"))
+    yield from _session_env("KILN_NATIVE_PANEL_CACHE", str(tmp_path_factory.mktemp("panels")))
+
+
+def _session_env(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` for the run (the processes it starts inherit it), then as it was."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     yield
     if old is None:
-        os.environ.pop("KILN_NATIVE_PANEL_CACHE", None)
+        os.environ.pop(name, None)
     else:
-        os.environ["KILN_NATIVE_PANEL_CACHE"] = old
+        os.environ[name] = old
 
 
 @pytest.fixture(autouse=True)
