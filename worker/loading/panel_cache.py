@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 import tempfile
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..native.build import CpuKernels, _cache_dir
+from ..native.build import CpuKernels, _cache_dir, whole_pages
 from ..native.kept import KeptJson
 
 log = logging.getLogger(__name__)
@@ -145,7 +144,7 @@ class PanelCache:
                     fh.seek(offset)
                     np.ascontiguousarray(array).tofile(fh)
                     entries.append([type_id, blocks.shape[0], k, panel_type, array.shape[1], offset])
-                    offset += -(-array.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+                    offset += whole_pages(array.nbytes)
                 fh.truncate(offset)
             os.replace(tmp, self.data_path)
             tmp = None

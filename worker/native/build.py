@@ -228,7 +228,7 @@ class CpuKernels:
             if n % 16 or row_bytes < 0 or self.ggml_row_bytes(type_id, k) != blocks.shape[1] or not blocks.flags.c_contiguous:
                 continue
             planned.append((i, row_bytes, total))
-            total += -(-n * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+            total += whole_pages(n * row_bytes)
         if not planned:
             return results
         region = _populated(total)
@@ -310,6 +310,11 @@ def _cpu_flags() -> tuple[str, set[str] | None]:
 
 # madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14); Python 3.11's mmap module does not name it.
 _MADV_POPULATE_WRITE = 23
+
+
+def whole_pages(nbytes: int) -> int:
+    """`nbytes` rounded up to whole pages: where the next matrix starts in a mapping of panels."""
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _populated(nbytes: int) -> np.ndarray:
