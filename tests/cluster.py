@@ -246,10 +246,12 @@ class Cluster:
         """Make HAProxy's next request land on `replica` (a name in ``names``). Round robin
         alternates per request, so probe ``/health`` (cheap, no generation) until a probe lands on
         another replica. Only meaningful while the test is the balancer's only client."""
-        for _ in range(2 * self.gateways):
-            if httpx.get(self.base_url + "/health", timeout=10).headers.get("x-kiln-replica") != replica:
+        seen: list[str | None] = []
+        while len(seen) < 4 * self.gateways:
+            seen.append(httpx.get(self.base_url + "/health", timeout=10).headers.get("x-kiln-replica"))
+            if seen[-1] != replica:
                 return
-        raise AssertionError(f"round robin never turned to {replica}")
+        raise AssertionError(f"round robin never turned from {replica}: {seen}; HAProxy says {self.balancer_status()}\n{self.balancer.log() if self.balancer else ''}")
 
     def on(self, replica: str, method, *args, **kwargs):
         """Call an OpenAI SDK ``with_raw_response`` method with its request landing on `replica`;
