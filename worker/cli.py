@@ -163,7 +163,8 @@ def build_server(settings: WorkerSettings) -> WorkerServer:
         check = CheckSource(loaded.source_path, settings.weights, settings.weight_layout)
         with progress.step("preparing the engine"):  # on the CPU: measures both weight layouts
             scheduler = Scheduler(loaded.model, max_batch=settings.max_batch, queue_depth=settings.queue_depth, prefill_chunk=settings.prefill_chunk, cache_bytes=settings.cache_bytes,
-                input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check)
+                input_major_weights=_LAYOUTS[settings.weight_layout], speculation=Speculation(settings.speculative, settings.speculative_tokens), check_source=check,
+                kv_cache=settings.kv_cache)
         model_id, aliases = served_names(settings)
         window = loaded.context_window
         if settings.context_length:

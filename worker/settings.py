@@ -37,6 +37,9 @@ class WorkerSettings:
     queue_depth: int = setting(64, min=0, help="Requests that may wait for a batch slot; more get 503.")
     prefill_chunk: int = setting(512, min=1, help="Prompt tokens processed per scheduler step.")
     cache_bytes: int = setting(1 << 30, min=0, help="Byte budget of the prefix (prompt) cache; 0 turns it off.")
+    kv_cache: Literal["float32", "int8"] = setting("float32",
+        help="KV cache storage. int8: keys and values in 8 bits (blocks of 32 with a float32 scale, as llama.cpp's -ctk/-ctv q8_0), 0.28 of float32's memory, where the native CPU pass runs "
+            "every step (GGUF files); elsewhere float32 is kept, with a log line.")
     speculative: Literal["auto", "on", "off"] = setting("auto",
         help="Speculative decoding by prompt lookup: draft tokens copied from the prompt and output so far, verified in one step. auto: where a row's drafts keep being accepted; on: whenever "
             "its last tokens occurred before.")

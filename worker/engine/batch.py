@@ -295,6 +295,9 @@ class DecodeBatch:
         if self.speculation.mode == "auto":
             width = choose_width(drafts, [r.drafts.acceptance if r.drafts else 0.0 for r in self.rows])
             drafts = [d[: width - 1] for d in drafts]
+        if self.native is not None and self.native.kv_int8:
+            # Only the native pass reads an 8-bit cache: the step must fit in one of its calls.
+            drafts = [d[: self.native.max_rows // len(self.rows) - 1] for d in drafts]
         if not any(drafts):
             self._quiet()
             return None

@@ -36,6 +36,8 @@ from ..loading.gguf import FactorRoPE
 from ..loading.packed import PackedEmbedding, PackedLinear, PackedWeights
 from ..native.build import CpuKernels
 from ..native.structs import CACHE_FIELDS, Layer, Model, QuantizedWeights, floats
+from . import kv_int8
+from .kv_int8 import KVCacheType
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,12 @@ class Tolerance:
 
 FLOAT32 = Tolerance(kl=1e-5, decided=1e-3)
 INT8 = Tolerance(kl=0.05, decided=0.1)
+# The 8-bit KV cache against the same pass with the float32 cache (which passed INT8 against
+# mlx): every layer's keys and values rounded to 1/254 of their block's largest, read by every
+# later position. Measured: KL ~0.1 nats on the tests' tiny random models (as chaotic as INT8's
+# note says: 8-bit activations alone move them 0.02), XXX on a 1B-shaped random GGUF. A wrong
+# cache layout or scale gives tens of nats.
+KV8 = Tolerance(kl=0.25, decided=0.5)
 
 
 # A matrix as the pass reads it: mlx's affine layout (packed.py) or a GGUF's blocks (ggml_blocks.py).
@@ -208,7 +216,7 @@ def _blocks_line(layers: list[_Layer], head: Weights, embedding: nn.Module) -> s
 class NativeDecoder:
     """Logits for new tokens of each row, given mlx-lm BatchKVCaches holding each row's past."""
 
-    def __init__(self, model: nn.Module, layers: list[_Layer], head: Weights, int8: bool) -> None:
+    def __init__(self, model: nn.Module, layers: list[_Layer], head: Weights, int8: bool, kv: KVCacheType = "float32") -> None:
         inner = model.model
         attn = inner.layers[0].self_attn
         self.max_rows = MAX_TOKENS
@@ -221,6 +229,16 @@ class NativeDecoder:
         self.prefill_rows = PREFILL_TOKENS if self.blocks and self._kernels.gemm else 0
         self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
+        # The 8-bit cache (kv_int8.py), which only this pass reads: then it takes every step,
+        # prefill chunks (prefill_rows) and decode batches up to that many tokens alike.
+        self.kv_int8 = kv == "int8"
+        if self.kv_int8:
+            self.max_rows = max(self.max_rows, self.prefill_rows)
+        self._kv_kind = kv_int8.INT8 if self.kv_int8 else kv_int8.FLOAT32
+        self._kv_dtype = np.uint8 if self.kv_int8 else np.float32
+        self._kv_width = kv_int8.position_bytes(self._kv_kind, self._head_dim) // np.dtype(self._kv_dtype).itemsize
+        # The build check's reference: mlx, or (for the 8-bit cache) this pass with float32's.
+        self._reference: NativeDecoder | None = None
         self._vocab = _vocab(inner.embed_tokens)
         rope = attn.rope
         frequencies = rope_frequencies(rope)
@@ -252,8 +270,11 @@ class NativeDecoder:
         self._work = np.empty(0, np.float32)
 
     @classmethod
-    def build(cls, model: nn.Module) -> NativeDecoder | None:
-        """The decoder for ``model``, or None where it does not apply or does not match mlx."""
+    def build(cls, model: nn.Module, kv: KVCacheType = "float32") -> NativeDecoder | None:
+        """The decoder for ``model``, or None where it does not apply or does not match mlx.
+
+        kv "int8" asks for the 8-bit cache: kept where the pass takes every step (a GGUF's blocks
+        with the GEMM) and passes its check with it, else the float32 cache, with a log line."""
         if type(model) not in _MODELS:
             return None
         inner = model.model
@@ -279,15 +300,30 @@ class NativeDecoder:
         if len(layers) < len(found):
             return None
         int8_first = head.kernel.int8 and os.environ.get(ACTIVATIONS_ENV, "int8").strip().lower() != "float32"
+        eight_bit_cache = kv == "int8" and bool(_blocks_line(layers, head, inner.embed_tokens)) and head.kernel.gemm
+        if kv == "int8" and not (eight_bit_cache and inner.layers[0].self_attn.rope.dims % kv_int8.BLOCK == 0):
+            eight_bit_cache = False
+            log.warning("--kv-cache int8 needs the native pass to run every step (a GGUF's blocks, a GEMM build) and a head size that is a multiple of %d: float32 cache", kv_int8.BLOCK)
         log.info("checking the native decode pass (%s build) against mlx", head.kernel.variant)
         for int8 in (True, False) if int8_first else (False,):
             decoder = cls(model, layers, head, int8)
             if decoder._matches(model):
-                log.info("native decode pass: %s build, %s activations%s", head.kernel.variant, "8-bit" if int8 else "float32", decoder.blocks)
+                if eight_bit_cache:
+                    decoder = decoder._with_8_bit_cache(model, layers, head)
+                log.info("native decode pass: %s build, %s activations, %s KV cache%s", head.kernel.variant, "8-bit" if int8 else "float32", "8-bit" if decoder.kv_int8 else "float32", decoder.blocks)
                 return decoder
             log.warning("native forward pass (%s activations) disagrees with mlx on this model", "8-bit" if int8 else "float32")
         log.warning("decoding through mlx")
         return None
+
+    def _with_8_bit_cache(self, model: nn.Module, layers: list[_Layer], head: Weights) -> NativeDecoder:
+        """This pass with the 8-bit cache where it agrees with this one (``KV8``), else this one."""
+        candidate = type(self)(model, layers, head, self.int8, "int8")
+        candidate._reference = self
+        if candidate._matches(model):
+            return candidate
+        log.warning("the native pass with an 8-bit KV cache strays past its bound from the float32 cache's on this model: float32 cache")
+        return self
 
     def _matches(self, model: nn.Module) -> bool:
         """Two rows (one left-padded) prefilled by mlx, then three new tokens at once and three
@@ -312,36 +348,43 @@ class NativeDecoder:
                 step = step % self._vocab
                 if native:
                     results[native].append(self.forward(step, cache))
+                elif self._reference is not None:
+                    results[native].append(self._reference.forward(step, cache))
                 else:
                     # mx.eval lets go of the GIL while mlx computes (converting a lazy array
                     # does not): the worker's heartbeat thread keeps running during the check.
                     logits = model(step, cache=cache)
                     mx.eval(logits)
                     results[native].append(np.array(logits))
-        tolerance = INT8 if self.int8 or self.blocks else FLOAT32
+        tolerance = KV8 if self._reference is not None else INT8 if self.int8 or self.blocks else FLOAT32
         return all(tolerance.agree(ours, ref) for ref, ours in zip(*results, strict=False))
 
     # ---- the pass --------------------------------------------------------------------------
 
     def _room(self, c: BatchKVCache, rows: int, new: int) -> tuple[np.ndarray, np.ndarray]:
         """The cache's key and value buffers as writable numpy views with room for ``new`` more
-        positions, replaced first (keeping their contents) where they are not contiguous float32
-        buffers with that room: nothing in mlx refers to a position at or past ``_idx``
-        (extracted rows and fetched views end before it), so the pass may write there."""
+        positions, replaced first (keeping their contents) where they are not contiguous buffers
+        of this pass's cache kind with that room: nothing in mlx refers to a position at or past
+        ``_idx`` (extracted rows and fetched views end before it), so the pass may write there.
+        A float32 cache that mlx wrote (the build check's prefill) is rounded to 8 bits here
+        where the pass keeps an 8-bit one."""
         keys = None if c.keys is None else np.asarray(c.keys)
         values = None if c.values is None else np.asarray(c.values)
         need = c._idx + new
         if keys is not None and values is not None and all(
-            a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable and a.shape[2] >= need for a in (keys, values)
+            a.dtype == self._kv_dtype and a.shape[3] == self._kv_width and a.flags.c_contiguous and a.flags.writeable and a.shape[2] >= need for a in (keys, values)
         ):
             return keys, values  # usable as they are
         step = BatchKVCache.step
         capacity = (need + step - 1) // step * step
-        shape = (rows, self._kv_heads, capacity, self._head_dim)
-        grown_k, grown_v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        shape = (rows, self._kv_heads, capacity, self._kv_width)
+        grown_k, grown_v = np.zeros(shape, self._kv_dtype), np.zeros(shape, self._kv_dtype)
         if keys is not None and values is not None:
-            grown_k[:, :, : c._idx] = keys[:, :, : c._idx]
-            grown_v[:, :, : c._idx] = values[:, :, : c._idx]
+            for grown, old in ((grown_k, keys), (grown_v, values)):
+                kept = old[:, :, : c._idx]
+                if self.kv_int8 and old.dtype != np.uint8:
+                    kept = kv_int8.quantize(kept)
+                grown[:, :, : c._idx] = kept
         c.keys, c.values = mx.array(grown_k), mx.array(grown_v)  # type: ignore[assignment]  # mlx_lm's untyped __init__ sets them to None
         mx.eval(c.keys, c.values)
         keys, values = np.asarray(c.keys), np.asarray(c.values)
@@ -360,7 +403,7 @@ class NativeDecoder:
         table = np.empty((len(cache), CACHE_FIELDS), dtype=np.int64)
         for i, c in enumerate(cache):
             keys, values = self._room(c, rows, new)
-            table[i] = (keys.ctypes.data, values.ctypes.data, keys.strides[0] // 4, keys.strides[1] // 4, values.strides[0] // 4, values.strides[1] // 4)
+            table[i] = (keys.ctypes.data, values.ctypes.data, keys.strides[0], keys.strides[1], values.strides[0], values.strides[1], self._kv_kind)
         positions = np.ascontiguousarray(np.asarray(first.offset), dtype=np.int32)
         start = np.ascontiguousarray(np.asarray(first.left_padding), dtype=np.int32)
         out_rows = rows * new if head_rows == 2 else rows if head_rows == 1 else 0

@@ -36,6 +36,7 @@ import mlx.nn as nn
 
 from ..native.build import _cache_dir, _truthy, cpu_kernels
 from ..native.kept import KeptJson
+from .kv_int8 import KVCacheType
 from .native_decode import NativeDecoder
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,12 @@ class CheckSource:
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
+# A check's mode: its activations, then "/kv-int8" where the pass keeps the 8-bit KV cache.
+_MODES = ("int8", "float32", "int8/kv-int8", "float32/kv-int8")
+
+
 class VerdictStore:
-    """Verdicts by key: {"int8": bool, "float32": bool}, one small JSON file each (``kept``)."""
+    """Verdicts by key: {mode: bool} (``_MODES``), one small JSON file each (``kept``)."""
 
     def __init__(self, folder: Path | None = None) -> None:
         self._kept = KeptJson(folder or _cache_dir() / "verdicts")
@@ -104,20 +109,20 @@ class VerdictStore:
         verdicts = (self._kept.get(key) or {}).get("verdicts")
         if not isinstance(verdicts, dict):
             return {}
-        return {k: v for k, v in verdicts.items() if k in ("int8", "float32") and isinstance(v, bool)}
+        return {k: v for k, v in verdicts.items() if k in _MODES and isinstance(v, bool)}
 
     def put(self, key: str, verdicts: dict[str, bool], model: Path) -> None:
         """A cache that cannot be written (read-only home) only costs the next start its check."""
         self._kept.put(key, {"model": str(model), "verdicts": verdicts})
 
 
-def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictStore | None = None) -> NativeDecoder | None:
-    """``NativeDecoder.build(model)``, with each mode's build check taken from the cache where
+def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictStore | None = None, kv: KVCacheType = "float32") -> NativeDecoder | None:
+    """``NativeDecoder.build(model, kv)``, with each mode's build check taken from the cache where
     this file, kernel build and code were checked before (``source`` None: always checked)."""
     kernels = cpu_kernels() if source is not None else None
     library = getattr(getattr(kernels, "library", None), "_name", None)
     if source is None or not library:
-        return NativeDecoder.build(model)
+        return NativeDecoder.build(model, kv)
     checked, kept = source, store or VerdictStore()  # not None, for the class below too
     key = checked.key(os.path.basename(library))
     known = {} if _truthy(RECHECK_ENV) else kept.get(key)
@@ -125,14 +130,14 @@ def build_checked(model: nn.Module, source: CheckSource | None, store: VerdictSt
 
     class _Remembered(NativeDecoder):
         def _matches(self, model: nn.Module) -> bool:
-            mode = "int8" if self.int8 else "float32"
+            mode = ("int8" if self.int8 else "float32") + ("/kv-int8" if self.kv_int8 else "")
             if mode in known:
-                log.info("native build check (%s activations): %s, as when this model and kernel build were checked before", mode, "passed" if known[mode] else "failed")
+                log.info("native build check (%s): %s, as when this model and kernel build were checked before", mode, "passed" if known[mode] else "failed")
                 return known[mode]
             began = time.monotonic()
             verdicts[mode] = super()._matches(model)
-            log.info("native build check (%s activations): %s in %.1f s; kept for later starts", mode, "passed" if verdicts[mode] else "failed", time.monotonic() - began)
+            log.info("native build check (%s): %s in %.1f s; kept for later starts", mode, "passed" if verdicts[mode] else "failed", time.monotonic() - began)
             kept.put(key, verdicts, checked.model_path)
             return verdicts[mode]
 
-    return _Remembered.build(model)
+    return _Remembered.build(model, kv)

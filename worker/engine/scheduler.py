@@ -38,8 +38,9 @@ from ..native.build import claim_team
 from . import cpu_exp
 from .batch import DecodeBatch, Delivery, Row, extract_row
 from .cache import PrefixCache
+from .kv_int8 import KVCacheType
 from .layout import choose_weight_layout, on_cpu, use_input_major_weights
-from .native_decode import NativeDecoder
+from .native_decode import PREFILL_TOKENS, NativeDecoder
 from .native_verdict import CheckSource, build_checked
 from .prefill import GROUP_PREFILL, Prefill, prefill_together
 from .release import release_idle_memory
@@ -71,12 +72,19 @@ class Scheduler:
         input_major_weights: bool | None = None,
         speculation: Speculation | None = None,
         check_source: CheckSource | None = None,
+        kv_cache: KVCacheType = "float32",
     ) -> None:
         """input_major_weights: store dense weights transposed for faster CPU matmuls
         (see layout.py); None = on the CPU, whichever layout measures faster. Modifies
         model in place. speculation: prompt-lookup drafting (speculative.py); None = its
         defaults. check_source: the loaded model's file and settings, under which the native
-        pass's build check is remembered (native_verdict.py); None = checked at every start."""
+        pass's build check is remembered (native_verdict.py); None = checked at every start.
+        kv_cache: "int8" keeps the KV cache in 8 bits where the native pass runs every step
+        (kv_int8.py); that pass then takes a whole decode batch in one step, so at most
+        PREFILL_TOKENS rows."""
+        if kv_cache == "int8" and max_batch > PREFILL_TOKENS:
+            raise ValueError(f"--kv-cache int8 decodes at most {PREFILL_TOKENS} requests together (--max-batch {max_batch})")
+        self._kv_cache: KVCacheType = kv_cache
         if input_major_weights is None:
             if on_cpu():
                 choose_weight_layout(model)
@@ -182,7 +190,7 @@ class Scheduler:
     def _run(self) -> None:
         claim_team()  # before the build check's passes: only this thread opens native teams
         try:
-            self._native = self._batch.native = build_checked(self._model, self._check_source)
+            self._native = self._batch.native = build_checked(self._model, self._check_source, kv=self._kv_cache)
         finally:
             self._set_up.set()
         worked = False  # a turn ran since memory was last released

@@ -69,7 +69,7 @@ static int chunk_tokens(const kiln_model *m) {
 /* Scratch floats one thread of attention_chunk takes. */
 static long attention_chunk_floats(const kiln_model *m) {
     long rows = (long)chunk_tokens(m) * (m->heads / m->kv_heads);
-    return (long)m->head_dim * 16 + rows * (m->head_dim + 2);
+    return (long)m->head_dim * 16 + rows * (m->head_dim + 2) + (long)m->head_dim * 17; /* + 8-bit caches' rows as floats */
 }
 
 /* Token t of row b (query at qkv row b * T + t) sits at cache position idx + t and sees keys
@@ -92,12 +92,23 @@ static void attention_chunk(const kiln_model *m, const kiln_cache *c, const floa
             sum[r] = 0.f;
         }
         memset(acc, 0, sizeof(float) * (size_t)R * D);
-        const float *keys = c->keys + b * c->k_row + g * c->k_head, *values = c->values + b * c->v_row + g * c->v_head;
+        /* An 8-bit cache's 16 value rows and a key row, as floats: after the sums. */
+        float *vt = sum + R, *krow = vt + (size_t)16 * D;
+        const long pb = kv_position_bytes(c->kind, D);
+        const int int8 = c->kind == KILN_KV_INT8;
+        const char *keys = kv_at(c->keys, c->k_row, c->k_head, b, g, 0, pb), *values = kv_at(c->values, c->v_row, c->v_head, b, g, 0, pb);
         const int first = start[b], last = idx + t0 + nt - 1;
         for (int kb = first; kb <= last; kb += 16) {
             const int nk = last - kb + 1 < 16 ? last - kb + 1 : 16;
-            for (int i = 0; i < D; i++)
-                for (int j = 0; j < 16; j++) kt[i * 16 + j] = j < nk ? keys[(size_t)(kb + j) * D + i] : 0.f;
+            for (int j = 0; j < 16; j++) {
+                const float *k = krow;
+                if (j >= nk) memset(krow, 0, sizeof(float) * D);
+                else if (int8) kv_load_int8(krow, keys + (size_t)(kb + j) * pb, D);
+                else k = (const float *)(keys + (size_t)(kb + j) * pb);
+                for (int i = 0; i < D; i++) kt[i * 16 + j] = k[i];
+            }
+            if (int8)
+                for (int j = 0; j < nk; j++) kv_load_int8(vt + (size_t)j * D, values + (size_t)(kb + j) * pb, D);
             for (int r = 0; r < R; r++) {
                 const int t = t0 + r / group, h = g * group + r % group, mine = idx + t - kb + 1; /* keys this query sees here */
                 if (mine <= 0) continue;
@@ -116,7 +127,7 @@ static void attention_chunk(const kiln_model *m, const kiln_cache *c, const floa
                 float *o = acc + (size_t)r * D, pv[16];
                 store16(pv, p);
                 const int used = mine < nk ? mine : nk;
-                const float *v = values + (size_t)kb * D;
+                const float *v = int8 ? vt : (const float *)(values + (size_t)kb * pb);
                 if (D == 64) weigh_values(o, scale, pv, used, v, 64);
                 else if (D == 128) weigh_values(o, scale, pv, used, v, 128);
                 else if (D % 16 == 0 && D <= 256) weigh_values(o, scale, pv, used, v, D);

@@ -98,12 +98,71 @@ typedef struct {
     kiln_qw embed_q; /* the embedding as GGML blocks where `embedding` is NULL */
 } kiln_model;
 
-/* One layer's cache: (B, kv_heads, capacity, head_dim) float32 buffers, each position a
- * contiguous run of head_dim floats; strides in floats. */
+/* One layer's cache: (B, kv_heads, capacity, position) buffers, strides in bytes. A position
+ * holds one head's key (or value) vector, as `kind` says: KILN_KV_FLOAT32, head_dim floats; or
+ * KILN_KV_INT8, head_dim int8 values in blocks of KILN_KV_BLOCK, each block's float32 scale after
+ * them (llama.cpp's q8_0 in content, 36 bytes per 32 values where float32 takes 128). */
 typedef struct {
-    float *keys, *values;
-    long k_row, k_head, v_row, v_head;
+    char *keys, *values;
+    long k_row, k_head, v_row, v_head, kind;
 } kiln_cache;
+
+enum { KILN_KV_FLOAT32 = 0, KILN_KV_INT8 = 1 };
+#define KILN_KV_BLOCK 32
+
+/* Bytes of one position of a cache of this kind (the Python side sizes buffers alike). */
+static inline long kv_position_bytes(long kind, int D) {
+    return kind == KILN_KV_INT8 ? D + 4L * (D / KILN_KV_BLOCK) : 4L * D;
+}
+
+/* The position `pos` of row b, KV head g of a key or value buffer. */
+static inline char *kv_at(char *base, long row, long head, int b, int g, long pos, long position_bytes) {
+    return base + b * row + g * head + pos * position_bytes;
+}
+
+/* Write D floats to a position: copied, or rounded to 8 bits per block of 32 with the block's
+ * largest magnitude as 127 (the scale is that over 127, so every value is within half a step). */
+static void kv_store(char *dst, const float *x, int D, long kind) {
+    if (kind != KILN_KV_INT8) {
+        memcpy(dst, x, sizeof(float) * D);
+        return;
+    }
+    int8_t *q = (int8_t *)dst;
+    float *scales = (float *)(dst + D);
+    for (int blk = 0; blk < D / KILN_KV_BLOCK; blk++) {
+        const float *xb = x + blk * KILN_KV_BLOCK;
+        float amax = 0.f;
+        for (int i = 0; i < KILN_KV_BLOCK; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
+        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        for (int i = 0; i < KILN_KV_BLOCK; i++) q[blk * KILN_KV_BLOCK + i] = (int8_t)lrintf(xb[i] * id);
+        scales[blk] = d;
+    }
+}
+
+/* D floats of an 8-bit position. */
+static inline void kv_load_int8(float *out, const char *src, int D) {
+    const int8_t *q = (const int8_t *)src;
+    const float *scales = (const float *)(src + D);
+    for (int blk = 0; blk < D / KILN_KV_BLOCK; blk++) {
+        const float d = scales[blk];
+#pragma omp simd
+        for (int i = 0; i < KILN_KV_BLOCK; i++) out[blk * KILN_KV_BLOCK + i] = d * (float)q[blk * KILN_KV_BLOCK + i];
+    }
+}
+
+/* q . k for an 8-bit key position: a sum per block, times its scale. */
+static inline float kv_dot_int8(const float *q, const char *k, int D) {
+    const int8_t *k8 = (const int8_t *)k;
+    const float *scales = (const float *)(k + D);
+    float dot = 0.f;
+    for (int blk = 0; blk < D / KILN_KV_BLOCK; blk++) {
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < KILN_KV_BLOCK; i++) s += q[blk * KILN_KV_BLOCK + i] * (float)k8[blk * KILN_KV_BLOCK + i];
+        dot += s * scales[blk];
+    }
+    return dot;
+}
 
 /* ---- small vector helpers ------------------------------------------------------------------ */
 
@@ -622,25 +681,43 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
     for (int task = 0; task < B * T * H; task++) {
         int tok = task / H, h = task % H, b = tok / T, t = tok % T, g = h / group;
         const float *qv = w->qkv + tok * w->qkv_ld + h * D;
-        const float *kb = c->keys + b * c->k_row + g * c->k_head, *vb = c->values + b * c->v_row + g * c->v_head;
+        const long pb = kv_position_bytes(c->kind, D);
+        const char *kb = kv_at(c->keys, c->k_row, c->k_head, b, g, 0, pb), *vb = kv_at(c->values, c->v_row, c->v_head, b, g, 0, pb);
         float *p = w->scores + (size_t)thread_index() * w->S, *o = w->att + tok * qd + h * D;
         int first = start[b], last = idx + t;
         float top = -INFINITY;
         for (int j = first; j <= last; j++) {
-            const float *kj = kb + (size_t)j * D;
+            const char *kj = kb + (size_t)j * pb;
             float dot = 0.f;
+            if (c->kind == KILN_KV_INT8) dot = kv_dot_int8(qv, kj, D);
+            else {
+                const float *kf = (const float *)kj;
 #pragma omp simd reduction(+ : dot)
-            for (int i = 0; i < D; i++) dot += qv[i] * kj[i];
+                for (int i = 0; i < D; i++) dot += qv[i] * kf[i];
+            }
             p[j] = dot * m->scale;
             top = p[j] > top ? p[j] : top;
         }
         float total = softmax_exp(p + first, last - first + 1, top), inv = 1.0f / total;
         for (int i = 0; i < D; i++) o[i] = 0.f;
         for (int j = first; j <= last; j++) {
-            const float *vj = vb + (size_t)j * D;
+            const char *vj = vb + (size_t)j * pb;
             float pw = p[j] * inv;
+            if (c->kind == KILN_KV_INT8) {
+                const int8_t *v8 = (const int8_t *)vj;
+                const float *scales = (const float *)(vj + D);
+                for (int blk = 0; blk < D / KILN_KV_BLOCK; blk++) {
+                    const float pd = pw * scales[blk];
+                    float *ob = o + blk * KILN_KV_BLOCK;
+                    const int8_t *vq = v8 + blk * KILN_KV_BLOCK;
 #pragma omp simd
-            for (int i = 0; i < D; i++) o[i] += pw * vj[i];
+                    for (int i = 0; i < KILN_KV_BLOCK; i++) ob[i] += pd * (float)vq[i];
+                }
+            } else {
+                const float *vf = (const float *)vj;
+#pragma omp simd
+                for (int i = 0; i < D; i++) o[i] += pw * vf[i];
+            }
         }
     }
 }
@@ -659,6 +736,8 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
                  float *logits, float *work) {
     int M = B * T, D = m->head_dim, half = D / 2, S = idx + T;
     if (M < 1 || T < 1 || D % 2 || m->heads % m->kv_heads) return -1;
+    for (int l = 0; l < m->n_layers; l++)
+        if (caches[l].kind != KILN_KV_FLOAT32 && (caches[l].kind != KILN_KV_INT8 || D % KILN_KV_BLOCK)) return -1;
 #ifndef KILN_INT8
     int8 = 0;
 #endif
@@ -716,9 +795,10 @@ int kiln_forward(const kiln_model *m, const kiln_cache *caches, int B, int T, co
                 rope(qv, m->heads, D, w.cosv + tok * half, w.sinv + tok * half, m->rope_traditional);
                 rope(kv, m->kv_heads, D, w.cosv + tok * half, w.sinv + tok * half, m->rope_traditional);
                 int b = tok / T, pos = idx + tok % T;
+                const long pb = kv_position_bytes(c->kind, D);
                 for (int g = 0; g < m->kv_heads; g++) {
-                    memcpy(c->keys + b * c->k_row + g * c->k_head + (size_t)pos * D, kv + g * D, sizeof(float) * D);
-                    memcpy(c->values + b * c->v_row + g * c->v_head + (size_t)pos * D, vv + g * D, sizeof(float) * D);
+                    kv_store(kv_at(c->keys, c->k_row, c->k_head, b, g, pos, pb), kv + g * D, D, c->kind);
+                    kv_store(kv_at(c->values, c->v_row, c->v_head, b, g, pos, pb), vv + g * D, D, c->kind);
                 }
             }
             attention(m, c, &w, B, T, idx, start);

@@ -71,8 +71,9 @@ class Model(ctypes.Structure):
     ]
 
 
-# kiln_cache: keys, values (float *), then the row and head strides of each, in floats.
-CACHE_FIELDS = 6
+# kiln_cache: keys, values (char *), the row and head strides of each in bytes, and the kind
+# (decode.c KILN_KV_FLOAT32 or KILN_KV_INT8; engine/kv_int8.py).
+CACHE_FIELDS = 7
 
 
 @overload
