@@ -176,7 +176,7 @@ def build_server(settings: WorkerSettings) -> WorkerServer:
         log.info("engine ready")
         from .memory_report import log_memory, memory_report
 
-        memory = memory_report(loaded.model, window)
+        memory = memory_report(loaded.model, window, kv_int8=scheduler.kv_int8)
         log_memory(model_id, memory)
     config = ServiceConfig(model_id=model_id, context_window=window, default_max_output_tokens=settings.max_output_tokens)
     service = GenerationService(tokenizer=tokenizer, scheduler=scheduler, config=config, **extras)

@@ -12,7 +12,8 @@ which lists them in ``/v1/models`` (``memory``, docs/api.md):
   the file's blocks give or take 3%: the process's own memory at a file's first start, and
   mapped too at later ones, from the panels kept on disk (loading/panel_cache.py).
 - ``kv_cache_bytes``: the keys and values of one sequence at the served context window
-  (``kv_bytes_per_token`` times the window), in the dtype the model computes in; each running
+  (``kv_bytes_per_token`` times the window), in the dtype the model computes in, or in the 8-bit
+  layout where ``--kv-cache int8`` took (engine/kv_int8.py: 36 bytes per 32 values); each running
   request holds its own, up to ``max_batch``, and the prompt cache up to ``cache_bytes`` more.
 - ``other_bytes``: the resident set when the worker is ready, less the weights: the runtime
   (Python, mlx, the tokenizer) and its buffers. ``rss_bytes`` is that resident set.
@@ -29,6 +30,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .engine.kv_int8 import INT8, position_bytes
 from .loading.parameters import flat_parameters
 from .memory import resident_bytes
 
@@ -66,7 +68,7 @@ def _compute_dtype(model: nn.Module) -> mx.Dtype:
     return mx.float32  # GGUF blocks: dequantized to float32
 
 
-def kv_bytes_per_token(model: nn.Module) -> int | None:
+def kv_bytes_per_token(model: nn.Module, kv_int8: bool = False) -> int | None:
     """Keys and values one token takes in every layer, or None where the shape is not known."""
     args = getattr(model, "args", None)
     layers = getattr(args, "num_hidden_layers", None)
@@ -76,13 +78,15 @@ def kv_bytes_per_token(model: nn.Module) -> int | None:
     head_dim = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
     if not (layers and kv_heads and head_dim):
         return None
+    if kv_int8:
+        return 2 * int(layers) * int(kv_heads) * position_bytes(INT8, int(head_dim))
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * _compute_dtype(model).size
 
 
-def memory_report(model: nn.Module, context_window: int) -> dict[str, int]:
+def memory_report(model: nn.Module, context_window: int, kv_int8: bool = False) -> dict[str, int]:
     """The figures of the module docstring, measured now (call it once the engine is ready)."""
     weights, mapped = _weights(model)
-    per_token = kv_bytes_per_token(model)
+    per_token = kv_bytes_per_token(model, kv_int8)
     rss = resident_bytes()
     report = {"weights_bytes": weights, "weights_mapped_bytes": mapped, "rss_bytes": rss, "other_bytes": max(0, rss - weights)}
     if per_token is not None:

@@ -130,3 +130,17 @@ def test_more_rows_than_one_native_call_takes_are_refused():
 
     with pytest.raises(ValueError, match="--kv-cache int8 decodes at most"):
         Scheduler(object(), max_batch=PREFILL_TOKENS + 1, kv_cache="int8")  # type: ignore[arg-type]
+
+
+def test_the_memory_report_counts_the_8_bit_layout():
+    """/v1/models' kv figures follow the cache kept: 36 bytes per 32 values where it is 8-bit."""
+    from kiln.worker.loading.loader import load_model
+    from kiln.worker.memory_report import memory_report
+
+    model = load_model(None).model
+    wide, narrow = memory_report(model, 1024), memory_report(model, 1024, kv_int8=True)
+    args = model.args
+    head_dim = args.hidden_size // args.num_attention_heads
+    assert narrow["kv_bytes_per_token"] == 2 * args.num_hidden_layers * args.num_key_value_heads * (head_dim + 4 * head_dim // 32)
+    assert narrow["kv_cache_bytes"] == 1024 * narrow["kv_bytes_per_token"]
+    assert narrow["kv_bytes_per_token"] / wide["kv_bytes_per_token"] == 36 / 128

@@ -1,8 +1,8 @@
 """The 8-bit KV cache (``--kv-cache int8``): how one position is stored, and numpy's copy of it.
 
 Why: the cache is float32 by default, 4 bytes a value: at 16 k tokens a 1B Llama's (16 layers,
-8 KV heads of 128) takes 2 GB per sequence where llama.cpp's float16 takes 1 GB and its
-``-ctk q8_0 -ctv q8_0`` 0.53 GB. Here each position of a head (its head_dim values) is stored as
+8 KV heads of 64) takes 1 GB per sequence where llama.cpp's float16 takes 0.5 GB and its
+``-ctk q8_0 -ctv q8_0`` 0.27 GB. Here each position of a head (its head_dim values) is stored as
 int8 in blocks of 32, every block followed by its float32 scale (the block's largest magnitude
 over 127): 36 bytes per 32 values, 0.28 of float32, the content of llama.cpp's q8_0 (whose
 scale is a float16).

@@ -130,6 +130,12 @@ class Scheduler:
         once: the worker registers only then, and ``kiln serve`` says "ready" only then."""
         return self._set_up.wait(timeout)
 
+    @property
+    def kv_int8(self) -> bool:
+        """Whether the KV cache is kept in 8 bits (asked for, and the native pass took it on);
+        known once set up."""
+        return self._native is not None and self._native.kv_int8
+
     def submit(self, req: EngineRequest) -> int:
         """Queue a request; its steps arrive through req.on_step. Returns its handle."""
         if not req.prompt:
