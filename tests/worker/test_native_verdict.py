@@ -83,3 +83,23 @@ def test_unwritable_cache_still_builds(tiny_file, checks, tmp_path):
     blocker.write_text("")
     decoder = build_checked(_start(tiny_file), CheckSource(tiny_file), VerdictStore(blocker / "verdicts"))
     assert decoder is not None and len(checks) == 1
+
+
+def test_the_8_bit_cache_check_is_kept_beside_the_first(gguf_path, checks, tmp_path):
+    """--kv-cache int8 checks the pass twice (against mlx, then with the 8-bit cache against
+    that): a later start takes both verdicts and keeps the 8-bit cache without a check."""
+    from .test_native_ggml import _SHAPE
+    from .tiny_gguf import CONFIGS, write_pair
+
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.gemm:
+        pytest.skip("this build has no prefill GEMM: the 8-bit cache is not kept")
+    _, md = mx.load(str(gguf_path), return_metadata=True)
+    path, _ = write_pair("llama", "Q4_0", md, tmp_path, config=dict(CONFIGS["llama"], **_SHAPE))  # heads of 64: blocks of 32
+    store = VerdictStore(tmp_path / "verdicts")
+    first = build_checked(_start(path), CheckSource(path), store, kv="int8")
+    assert first is not None and first.kv_int8 and len(checks) == 2
+    second = build_checked(_start(path), CheckSource(path), store, kv="int8")
+    assert second is not None and second.kv_int8 and len(checks) == 2
+    plain = build_checked(_start(path), CheckSource(path), store)  # the first verdict serves it too
+    assert plain is not None and not plain.kv_int8 and len(checks) == 2
