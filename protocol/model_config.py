@@ -10,6 +10,7 @@
     context_length = 8192                # optional caps and settings, per model
     max_batch = 8
     cache_bytes = 1073741824
+    kv_cache = "int8"                    # the KV cache in 8 bits (GGUF files on the CPU)
     tool_parser = "hermes"
     load = "on-demand"                   # "always" (default): started with the server
     idle_stop = "10m"                    # on-demand only: stopped after this long without requests
@@ -30,7 +31,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,6 +42,11 @@ LoadMode = Literal["always", "on-demand"]
 LOAD_MODES: tuple[LoadMode, ...] = ("always", "on-demand")
 # An on-demand model without `idle_stop` is stopped after ten minutes without requests.
 DEFAULT_IDLE_STOP_S = 600.0
+
+
+# How the worker stores the KV cache (kiln-worker --kv-cache; worker/engine/kv_int8.py).
+KVCacheType = Literal["float32", "int8"]
+KV_CACHE_TYPES: tuple[KVCacheType, ...] = get_args(KVCacheType)
 
 
 class ConfigError(ValueError):
@@ -56,6 +62,7 @@ class ModelConfig:
     context_length: int | None = None
     max_batch: int | None = None
     cache_bytes: int | None = None
+    kv_cache: KVCacheType | None = None
     tool_parser: str | None = None
     load: LoadMode = "always"
     idle_stop_s: float = DEFAULT_IDLE_STOP_S  # on-demand models only
@@ -77,7 +84,7 @@ class ModelConfig:
     def worker_settings(self) -> dict[str, Any]:
         """The worker settings (``WorkerSettings`` fields) this model's workers get over the rest."""
         values: dict[str, Any] = {"model": self.source, "model_id": self.id, "model_alias": self.aliases}
-        for name in ("context_length", "max_batch", "cache_bytes", "tool_parser", "upstream", "upstream_kind", "upstream_model"):
+        for name in ("context_length", "max_batch", "cache_bytes", "kv_cache", "tool_parser", "upstream", "upstream_kind", "upstream_model"):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         if self.upstream is not None:
@@ -104,7 +111,7 @@ class ServeConfig:
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "source": str, "aliases": list, "workers": int, "context_length": int,
-    "max_batch": int, "cache_bytes": int, "tool_parser": str, "load": str,
+    "max_batch": int, "cache_bytes": int, "kv_cache": str, "tool_parser": str, "load": str,
     "idle_stop": (int, float, str), "memory": (int, str),
     "upstream": str, "upstream_kind": str, "upstream_model": str,
 }  # fmt: skip
@@ -164,6 +171,8 @@ def _model(entry: Any, where: str, base: Path) -> ModelConfig:
             raise ConfigError(f"{where}: {key} must be at least 1")
     if entry.get("cache_bytes", 0) < 0:
         raise ConfigError(f"{where}: cache_bytes must not be negative")
+    if "kv_cache" in entry and entry["kv_cache"] not in KV_CACHE_TYPES:
+        raise ConfigError(f"{where}: kv_cache must be one of {', '.join(repr(k) for k in KV_CACHE_TYPES)}, got {entry['kv_cache']!r}")
     load = entry.get("load", "always")
     if load not in LOAD_MODES:
         raise ConfigError(f"{where}: load must be one of {', '.join(repr(m) for m in LOAD_MODES)}, got {load!r}")
@@ -182,7 +191,7 @@ def _model(entry: Any, where: str, base: Path) -> ModelConfig:
     return ModelConfig(
         id=entry["id"], source=source, aliases=tuple(aliases), workers=entry.get("workers", 1),
         context_length=entry.get("context_length"), max_batch=entry.get("max_batch"),
-        cache_bytes=entry.get("cache_bytes"), tool_parser=entry.get("tool_parser"), load=load,
+        cache_bytes=entry.get("cache_bytes"), kv_cache=entry.get("kv_cache"), tool_parser=entry.get("tool_parser"), load=load,
         idle_stop_s=idle, memory=memory, upstream=entry.get("upstream"),
         upstream_kind=entry.get("upstream_kind"), upstream_model=entry.get("upstream_model"),
     )  # fmt: skip

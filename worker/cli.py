@@ -78,7 +78,7 @@ def main(**options: Any) -> None:
 
 def from_config(settings: WorkerSettings) -> WorkerSettings:
     """With ``--config``, the settings of the model ``--model-id`` names in that file (its source,
-    aliases, window, batch, cache and tool parser) over the rest, as ``kiln serve --config`` gives
+    aliases, window, batch, caches and tool parser) over the rest, as ``kiln serve --config`` gives
     them to that model's workers: one file for every process of a deployment."""
     if settings.config_path is None:
         return settings
@@ -145,11 +145,14 @@ def build_server(settings: WorkerSettings) -> WorkerServer:
         ready = lambda: upstream.scheduler.healthy  # noqa: E731
     else:
         from .engine.native_verdict import CheckSource
-        from .engine.scheduler import Scheduler
+        from .engine.scheduler import Scheduler, kv_cache_refusal
         from .engine.speculative import Speculation
         from .loading.loader import load_model
         from .loading.progress import LoadProgress
 
+        refused = kv_cache_refusal(settings.kv_cache, settings.max_batch)
+        if refused:  # before the load, which takes a while
+            raise click.BadParameter(refused, param_hint="--max-batch")
         started = time.monotonic()
         progress = LoadProgress(settings.model or "the bundled model")
         # The grammar compiler (a second of CPU) builds in the background from the moment the

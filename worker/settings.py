@@ -13,6 +13,7 @@ from typing import Literal
 from kiln.protocol import DEFAULT_WORKERS_ADDRESS
 from kiln.protocol.discovery import DEFAULT_REDIS_NAMESPACE
 from kiln.protocol.logs import LogLevel, log_level_setting
+from kiln.protocol.model_config import KVCacheType
 from kiln.protocol.settings_fields import setting
 
 
@@ -37,7 +38,7 @@ class WorkerSettings:
     queue_depth: int = setting(64, min=0, help="Requests that may wait for a batch slot; more get 503.")
     prefill_chunk: int = setting(512, min=1, help="Prompt tokens processed per scheduler step.")
     cache_bytes: int = setting(1 << 30, min=0, help="Byte budget of the prefix (prompt) cache; 0 turns it off.")
-    kv_cache: Literal["float32", "int8"] = setting("float32",
+    kv_cache: KVCacheType = setting("float32",
         help="KV cache storage. int8: keys and values in 8 bits (blocks of 32 with a float32 scale, as llama.cpp's -ctk/-ctv q8_0), 0.28 of float32's memory, where the native CPU pass runs "
             "every step (GGUF files); elsewhere float32 is kept, with a log line.")
     speculative: Literal["auto", "on", "off"] = setting("auto",

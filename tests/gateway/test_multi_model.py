@@ -186,6 +186,7 @@ idle_stop = "5s"
         ('[[models]]\nid = "a"\nsource = "x"\n[[models]]\nid = "b"\nsource = "y"\naliases = ["a"]\n', "'a' is used by both"),
         ('[[models]]\nid = "a"\nsource = "x"\n[[models]]\nid = "a"\nsource = "y"\n', "two [[models]] tables have id 'a'"),
         ('[[models]]\nid = "a"\nsource = "x"\nload = "lazy"\n', "load must be one of 'always', 'on-demand'"),
+        ('[[models]]\nid = "a"\nsource = "x"\nkv_cache = "fp8"\n', "kv_cache must be one of 'float32', 'int8'"),
         ('[[models]]\nid = "a"\nsource = "x"\nidle_stop = "5m"\n', "idle_stop applies to load = \"on-demand\" models only"),
         ('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\nidle_stop = "soon"\n', "idle_stop: expected seconds or a duration"),
         ('[[models]]\nid = "a"\nsource = "x"\nload = "on-demand"\nidle_stop = 0\n', "idle_stop: must be above 0"),

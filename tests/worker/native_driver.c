@@ -397,14 +397,15 @@ static void check_forward(const char *name, toy_model *t, int int8) {
     double *rk = calloc((size_t)L * B * KV * S * D, sizeof(double)), *rv = calloc((size_t)L * B * KV * S * D, sizeof(double));
     kiln_cache *caches = malloc(sizeof(kiln_cache) * L);
     for (int l = 0; l < L; l++) {
-        caches[l] = (kiln_cache){keys + l * per_layer, values + l * per_layer, (long)KV * cap * D, (long)cap * D, (long)KV * cap * D, (long)cap * D};
+        /* float32 positions (KILN_KV_FLOAT32); the struct's strides are in bytes */
+        caches[l] = (kiln_cache){(char *)(keys + l * per_layer), (char *)(values + l * per_layer), 4L * KV * cap * D, 4L * cap * D, 4L * KV * cap * D, 4L * cap * D, KILN_KV_FLOAT32};
         for (int b = 0; b < B; b++)
             for (int g = 0; g < KV; g++)
                 for (int j = 0; j < IDX; j++)
                     for (int i = 0; i < D; i++) {
                         float kk = j < start[b] ? 1e3f : gaussian(), vv = j < start[b] ? 1e3f : gaussian(); /* padding: must be skipped */
-                        caches[l].keys[b * caches[l].k_row + g * caches[l].k_head + j * D + i] = kk;
-                        caches[l].values[b * caches[l].v_row + g * caches[l].v_head + j * D + i] = vv;
+                        keys[l * per_layer + ((size_t)b * KV + g) * cap * D + j * D + i] = kk;
+                        values[l * per_layer + ((size_t)b * KV + g) * cap * D + j * D + i] = vv;
                         rk[((((size_t)l * B + b) * KV + g) * S + j) * D + i] = kk;
                         rv[((((size_t)l * B + b) * KV + g) * S + j) * D + i] = vv;
                     }
@@ -423,8 +424,8 @@ static void check_forward(const char *name, toy_model *t, int int8) {
                 for (int j = IDX; j < S; j++)
                     for (int i = 0; i < D; i++) {
                         size_t r = ((((size_t)l * B + b) * KV + g) * S + j) * D + i;
-                        worst_kv = larger(worst_kv, fabs(caches[l].keys[b * caches[l].k_row + g * caches[l].k_head + j * D + i] - rk[r]));
-                        worst_kv = larger(worst_kv, fabs(caches[l].values[b * caches[l].v_row + g * caches[l].v_head + j * D + i] - rv[r]));
+                        worst_kv = larger(worst_kv, fabs(keys[l * per_layer + ((size_t)b * KV + g) * cap * D + j * D + i] - rk[r]));
+                        worst_kv = larger(worst_kv, fabs(values[l * per_layer + ((size_t)b * KV + g) * cap * D + j * D + i] - rv[r]));
                     }
     /* float32 activations: float32 arithmetic against double. 8-bit: the same rounding in both,
      * but a value within float32 noise of a rounding boundary may round the other way (one step

@@ -125,11 +125,32 @@ def test_a_model_the_pass_does_not_take_whole_keeps_float32(caplog):
 
 
 def test_more_rows_than_one_native_call_takes_are_refused():
+    """By the engine, and by kiln-worker before it loads anything: a usage error, no traceback."""
+    import subprocess
+    import sys
+
     from kiln.worker.engine.native_decode import PREFILL_TOKENS
     from kiln.worker.engine.scheduler import Scheduler
+    from tests.support import process_env
 
     with pytest.raises(ValueError, match="--kv-cache int8 decodes at most"):
         Scheduler(object(), max_batch=PREFILL_TOKENS + 1, kv_cache="int8")  # type: ignore[arg-type]
+    argv = [sys.executable, "-m", "kiln.worker", "--kv-cache", "int8", "--max-batch", str(PREFILL_TOKENS + 1), "--gateway", "tcp://127.0.0.1:9"]
+    done = subprocess.run(argv, env=process_env({}), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--kv-cache int8 decodes at most 512 requests together" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_config_model_table_sets_the_cache(tmp_path):
+    """kiln.toml's kv_cache key reaches that model's workers (kiln serve --config, kiln-worker
+    --config)."""
+    from kiln.protocol.model_config import load_config
+
+    path = tmp_path / "kiln.toml"
+    path.write_text('[[models]]\nid = "a"\nsource = "a.gguf"\nkv_cache = "int8"\n[[models]]\nid = "b"\nsource = "b.gguf"\n')
+    config = load_config(path)
+    assert config.model("a").worker_settings()["kv_cache"] == "int8"
+    assert "kv_cache" not in config.model("b").worker_settings()  # the worker's default
 
 
 def test_the_memory_report_counts_the_8_bit_layout():

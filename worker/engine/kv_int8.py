@@ -17,11 +17,11 @@ cannot read it.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
-KVCacheType = Literal["float32", "int8"]
+from kiln.protocol.model_config import KVCacheType
+
+__all__ = ["BLOCK", "FLOAT32", "INT8", "KVCacheType", "dequantize", "position_bytes", "quantize"]
 # decode.c's kinds (kiln_cache.kind) and block.
 FLOAT32, INT8 = 0, 1
 BLOCK = 32

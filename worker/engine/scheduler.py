@@ -58,6 +58,14 @@ def _supports_prefix_cache(model: nn.Module) -> bool:
     return all(type(c) is KVCache for c in make_prompt_cache(model))
 
 
+def kv_cache_refusal(kv_cache: KVCacheType, max_batch: int) -> str | None:
+    """Why this batch size cannot have this cache, or None: the 8-bit cache's native pass takes
+    a whole decode batch in one call (kv_int8.py), at most PREFILL_TOKENS rows."""
+    if kv_cache == "int8" and max_batch > PREFILL_TOKENS:
+        return f"--kv-cache int8 decodes at most {PREFILL_TOKENS} requests together (--max-batch {max_batch})"
+    return None
+
+
 class Scheduler:
     """Runs every request for one model on a single thread, batched token by token."""
 
@@ -82,8 +90,9 @@ class Scheduler:
         kv_cache: "int8" keeps the KV cache in 8 bits where the native pass runs every step
         (kv_int8.py); that pass then takes a whole decode batch in one step, so at most
         PREFILL_TOKENS rows."""
-        if kv_cache == "int8" and max_batch > PREFILL_TOKENS:
-            raise ValueError(f"--kv-cache int8 decodes at most {PREFILL_TOKENS} requests together (--max-batch {max_batch})")
+        refused = kv_cache_refusal(kv_cache, max_batch)
+        if refused:
+            raise ValueError(refused)
         self._kv_cache: KVCacheType = kv_cache
         if input_major_weights is None:
             if on_cpu():
