@@ -300,15 +300,11 @@ class NativeDecoder:
         if len(layers) < len(found):
             return None
         int8_first = head.kernel.int8 and os.environ.get(ACTIVATIONS_ENV, "int8").strip().lower() != "float32"
-        eight_bit_cache = kv == "int8" and bool(_blocks_line(layers, head, inner.embed_tokens)) and head.kernel.gemm
-        if kv == "int8" and not (eight_bit_cache and inner.layers[0].self_attn.rope.dims % kv_int8.BLOCK == 0):
-            eight_bit_cache = False
-            log.warning("--kv-cache int8 needs the native pass to run every step (a GGUF's blocks, a GEMM build) and a head size that is a multiple of %d: float32 cache", kv_int8.BLOCK)
         log.info("checking the native decode pass (%s build) against mlx", head.kernel.variant)
         for int8 in (True, False) if int8_first else (False,):
             decoder = cls(model, layers, head, int8)
             if decoder._matches(model):
-                if eight_bit_cache:
+                if kv == "int8":
                     decoder = decoder._with_8_bit_cache(model, layers, head)
                 log.info("native decode pass: %s build, %s activations, %s KV cache%s", head.kernel.variant, "8-bit" if int8 else "float32", "8-bit" if decoder.kv_int8 else "float32", decoder.blocks)
                 return decoder
@@ -317,7 +313,12 @@ class NativeDecoder:
         return None
 
     def _with_8_bit_cache(self, model: nn.Module, layers: list[_Layer], head: Weights) -> NativeDecoder:
-        """This pass with the 8-bit cache where it agrees with this one (``KV8``), else this one."""
+        """This pass with the 8-bit cache where it can take it and agrees with this one (``KV8``),
+        else this one. It can where it runs every step (``prefill_rows``: a GGUF's blocks with the
+        GEMM), since mlx cannot read the cache, and its heads are whole blocks."""
+        if not self.prefill_rows or self._head_dim % kv_int8.BLOCK:
+            log.warning("--kv-cache int8 needs the native pass to run every step (a GGUF's blocks, a GEMM build) and a head size that is a multiple of %d: float32 cache", kv_int8.BLOCK)
+            return self
         candidate = type(self)(model, layers, head, self.int8, "int8")
         candidate._reference = self
         if candidate._matches(model):

@@ -164,6 +164,17 @@ static inline float kv_dot_int8(const float *q, const char *k, int D) {
     return dot;
 }
 
+/* o += w * v for an 8-bit value position: each block's scale folded into the weight. */
+static inline void kv_add_int8(float *o, float w, const char *v, int D) {
+    const int8_t *v8 = (const int8_t *)v;
+    const float *scales = (const float *)(v + D);
+    for (int blk = 0; blk < D / KILN_KV_BLOCK; blk++) {
+        const float wd = w * scales[blk];
+#pragma omp simd
+        for (int i = 0; i < KILN_KV_BLOCK; i++) o[blk * KILN_KV_BLOCK + i] += wd * (float)v8[blk * KILN_KV_BLOCK + i];
+    }
+}
+
 /* ---- small vector helpers ------------------------------------------------------------------ */
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -703,17 +714,8 @@ static void attention(const kiln_model *m, const kiln_cache *c, const kiln_scrat
         for (int j = first; j <= last; j++) {
             const char *vj = vb + (size_t)j * pb;
             float pw = p[j] * inv;
-            if (c->kind == KILN_KV_INT8) {
-                const int8_t *v8 = (const int8_t *)vj;
-                const float *scales = (const float *)(vj + D);
-                for (int blk = 0; blk < D / KILN_KV_BLOCK; blk++) {
-                    const float pd = pw * scales[blk];
-                    float *ob = o + blk * KILN_KV_BLOCK;
-                    const int8_t *vq = v8 + blk * KILN_KV_BLOCK;
-#pragma omp simd
-                    for (int i = 0; i < KILN_KV_BLOCK; i++) ob[i] += pd * (float)vq[i];
-                }
-            } else {
+            if (c->kind == KILN_KV_INT8) kv_add_int8(o, pw, vj, D);
+            else {
                 const float *vf = (const float *)vj;
 #pragma omp simd
                 for (int i = 0; i < D; i++) o[i] += pw * vf[i];
