@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from . import model_shapes
+from . import llama_cpp, model_shapes
 from . import workloads as wl
 from .client import make_api, median
 from .servers import ALL_PEERS, PEERS, ModelFile, PeerUnavailable, Server, ServerSpec, spec_for
@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"with --model-shape: comma-separated llama-quantize types, from {', '.join(model_shapes.QUANTS)} (default %(default)s)")
     p.add_argument("--shape-layers", type=int, default=None, help="with --model-shape: this many decoder blocks instead of the model's (a quicker file; the name says so)")
     p.add_argument("--plain-rope", action="store_true", help="with --model-shape: write Llama 3 shapes without their rope_freqs tensor (plain RoPE at the same base; the name says so)")
+    p.add_argument("--cpu", choices=llama_cpp.CPU_LEVELS, default="native",
+        help="avx2: Kiln's AVX2 kernels against llama-server built without AVX-VNNI and AVX-512, as on a CPU without them (AMD before Zen 4, Intel clients before Alder Lake)")
     p.add_argument("--json", type=Path, default=None, help="write every run's metrics and the medians here")
     p.add_argument("--scripted-delay", type=float, default=0.01, help="seconds per token of kiln_scripted (default %(default)s)")
     p.add_argument("--threads", default=None,
@@ -210,13 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         for threads in opts.thread_counts:
             title = f"{model.id}, {model.path.stat().st_size / 1e6:.0f} MB, " if model else ""
             title += f"{threads} thread(s)" if threads else "default threads"
+            title += f", as an {opts.cpu.upper()} CPU" if opts.cpu != "native" else ""
             result = run_configuration(opts, cfg, peers, names, ratio_bases, model, threads, title)
             report.append(result)
             status = min(status, 0 if result["shown"] else 1)
     if opts.json:
         opts.json.write_text(json.dumps({
             "config": {**vars(cfg), "runs": opts.runs, "quick": opts.quick, "workloads": names},
-            "machine": {"platform": platform.platform(), "python": platform.python_version()},
+            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu": opts.cpu},
             **(report[0] if len(report) == 1 else {"tables": report}),
         }, indent=2, default=str))
         print(f"\nwrote {opts.json}")
@@ -227,7 +230,7 @@ def run_configuration(opts: argparse.Namespace, cfg: wl.Config, peers: list[str]
     """One table: every peer on `model` (None: each its default weights) with `threads`, runs interleaved."""
 
     def spec(p: str) -> ServerSpec:
-        return spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, threads=threads, kiln_args=opts.kiln_arg, model=model)
+        return spec_for(p, scripted_delay=opts.scripted_delay, blas_threads=opts.blas_threads, threads=threads, kiln_args=opts.kiln_arg, model=model, cpu=opts.cpu)
 
     specs_ok: dict[str, str] = {}
     skipped: dict[str, str] = {}

@@ -114,6 +114,21 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+# `--cpu avx2`: build as for a CPU with AVX2 and neither AVX-VNNI nor AVX-512 (AMD's before Zen 4,
+# Intel's client cores before Alder Lake), on one that has them, so that bench/ can compare
+# Kiln's and llama.cpp's AVX2 code on the machine it has. "native": every extension listed.
+CPU_LEVELS = ("native", "avx2")
+
+
+def level_flags(flags: set[str], level: str) -> set[str]:
+    """`flags` as a CPU of `level` (one of CPU_LEVELS) would list them."""
+    if level not in CPU_LEVELS:
+        raise ValueError(f"unknown CPU level {level!r}; choose from {', '.join(CPU_LEVELS)}")
+    if level == "avx2":
+        return {f for f in flags if not f.startswith(("avx512", "amx")) and f != "avx_vnni"}
+    return flags
+
+
 def cpu_options(flags: set[str], machine: str | None = None) -> dict[str, str]:
     """ggml's instruction-set options for a CPU with `flags`, each set explicitly."""
     machine = (machine or platform.machine()).lower()
@@ -181,7 +196,7 @@ def _find_cmake() -> str | None:
     return str(beside) if beside.is_file() else None
 
 
-def plan(version: str = DEFAULT_VERSION) -> Plan:
+def plan(version: str = DEFAULT_VERSION, cpu: str = "native") -> Plan:
     cmake = _find_cmake()
     if cmake is None:
         raise BuildError("cmake not found: install it (apt install cmake, or .venv/bin/pip install cmake) to build llama-server")
@@ -189,7 +204,7 @@ def plan(version: str = DEFAULT_VERSION) -> Plan:
     if not shutil.which(cc) or not shutil.which(cxx):
         raise BuildError(f"no C/C++ compiler ({cc}, {cxx}) to build llama-server: install one (apt install g++)")
     generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
-    options = {**BASE_OPTIONS, **cpu_options(cpu_flags()), "LLAMA_BUILD_COMMIT": f"{PACKAGE}-{version}"}
+    options = {**BASE_OPTIONS, **cpu_options(level_flags(cpu_flags(), cpu)), "LLAMA_BUILD_COMMIT": f"{PACKAGE}-{version}"}
     return Plan(version, options, cmake, generator, (_first_line([cc, "--version"]), _first_line([cxx, "--version"])))
 
 
@@ -394,18 +409,19 @@ def tool_binary(name: str, version: str = DEFAULT_VERSION) -> Tool:
 
 
 @functools.cache
-def server_binary(version: str = DEFAULT_VERSION) -> Binary:
-    """`llama-server` from PATH if it runs here, else the cached build for this CPU (built now if missing).
+def server_binary(version: str = DEFAULT_VERSION, cpu: str = "native") -> Binary:
+    """`llama-server` from PATH if it runs here, else the cached build for this CPU (built now if
+    missing); for a `cpu` level other than "native", always the cached build for that level.
 
     Raises BuildError when neither works; the bench then skips the peer with that reason.
     """
-    on_path = shutil.which("llama-server")
+    on_path = shutil.which("llama-server") if cpu == "native" else None
     if on_path:
         try:
             return Binary(Path(on_path), probe(on_path), "on PATH")
         except BuildError as exc:
             say(f"ignoring {on_path}: {exc}")
-    p = plan(version)
+    p = plan(version, cpu)
     path = build(p, tools=("llama-server",) if p.binary.is_file() else TOOLS)  # a fresh build makes both at once
     say(f"llama-server: {path}")
     return Binary(path, probe(path), f"built from {PACKAGE} {version} for {describe(p.options)}")
@@ -417,9 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="parallel compile jobs (default %(default)s)")
     parser.add_argument("--force", action="store_true", help="rebuild even if the binary is cached")
     parser.add_argument("--show", action="store_true", help="print the plan (CMake options, cache folder) and exit without building")
+    parser.add_argument("--cpu", choices=CPU_LEVELS, default="native", help="build for this CPU's extensions, or as for an AVX2-only CPU (default %(default)s)")
     opts = parser.parse_args(argv)
     try:
-        p = plan(opts.version)
+        p = plan(opts.version, opts.cpu)
         if opts.show:
             print(json.dumps({"folder": str(p.folder), "cached": p.binary.is_file(), "cpu": describe(p.options), "generator": p.generator, "cmake_options": p.options}, indent=2))
             return 0

@@ -94,7 +94,7 @@ class ServerSpec:
 
 
 def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | None = None, kiln_args: list[str] | None = None, blas_threads: int | None = None, threads: int | None = None,
-    model: ModelFile | None = None) -> ServerSpec:
+    model: ModelFile | None = None, cpu: str = "native") -> ServerSpec:
     """The command line for peer `name`; raises PeerUnavailable if it cannot run here.
 
     `threads` sets every peer's compute threads: llama-server's `-t`, OMP_NUM_THREADS (Kiln's
@@ -103,13 +103,18 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
     `model`: the GGUF that `kiln` and `llama_cpp` serve (others cannot: PeerUnavailable), with
     Kiln's context at one llama-server slot's and speculation off (random weights make prompt
     lookup meaningless).
+    `cpu`: "avx2" runs Kiln's AVX2 kernels (KILN_NATIVE_VARIANT) and llama-server built without
+    AVX-VNNI and AVX-512 (bench/llama_cpp.py), as a CPU without those extensions would.
     """
     if model is not None:
         if name not in ("kiln", "kiln_chat", "llama_cpp"):
             raise PeerUnavailable("serves only its own weights, not a --model-shape file")
         if name != "llama_cpp":
             kiln_args = [*(kiln_args or []), "--model", str(model.path), "--model-id", model.id, "--speculative", "off", "--context-length", str(LLAMA_SLOT_CONTEXT)]
-    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model)
+    spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model, cpu=cpu)
+    if cpu != "native" and name.startswith("kiln"):
+        spec.env["KILN_NATIVE_VARIANT"] = cpu
+        spec.note += f", KILN_NATIVE_VARIANT={cpu}"
     if threads:
         spec.env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         spec.note += f", OMP_NUM_THREADS=OPENBLAS_NUM_THREADS={threads}"
@@ -119,9 +124,10 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
     return spec
 
 
-def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None, threads: int | None, model: ModelFile | None = None) -> ServerSpec:
+def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, kiln_args: list[str] | None, threads: int | None, model: ModelFile | None = None,
+    cpu: str = "native") -> ServerSpec:
     if name in ("kiln_chat", "kiln_scripted_chat"):
-        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model)
+        spec = _spec_for(name.removesuffix("_chat"), scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model, cpu=cpu)
         spec.name, spec.api, spec.note = name, "chat", spec.note + ", through /v1/chat/completions"
         return spec
     port = free_port()
@@ -163,7 +169,7 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
         from .llama_cpp import BuildError, server_binary
 
         try:
-            binary = server_binary()
+            binary = server_binary(cpu=cpu)
         except BuildError as exc:
             raise PeerUnavailable(str(exc)) from exc
         threads = threads or usable_cores()

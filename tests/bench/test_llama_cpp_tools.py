@@ -71,3 +71,16 @@ def test_cached_tools_are_not_rebuilt(plan, steps):
         plan.tool(tool).write_text(tool)
     llama_cpp.build(plan)
     assert steps == []
+
+
+def test_an_avx2_build_leaves_out_vnni_and_avx_512():
+    """`--cpu avx2` on a Sapphire Rapids: llama-server built as for an AVX2-only CPU (what bench/
+    compares Kiln's avx2 kernels with), AMX off as always; "native" keeps what the CPU lists."""
+    flags = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_vnni", "amx_int8"}
+    avx2 = llama_cpp.cpu_options(llama_cpp.level_flags(flags, "avx2"), "x86_64")
+    assert llama_cpp.describe(avx2) == "SSE42 AVX AVX2 FMA F16C BMI2"
+    assert avx2["GGML_AVX512_VNNI"] == avx2["GGML_AMX_INT8"] == "OFF"
+    native = llama_cpp.cpu_options(llama_cpp.level_flags(flags, "native"), "x86_64")
+    assert native["GGML_AVX_VNNI"] == native["GGML_AVX512_VNNI"] == "ON" and native["GGML_AMX_INT8"] == "OFF"
+    with pytest.raises(ValueError):
+        llama_cpp.level_flags(flags, "avx10")

@@ -93,6 +93,23 @@ def test_forced_portable_takes_the_baseline_build(monkeypatch, tmp_path):
     assert portable is not None and portable.variant == "portable" and not portable.int8
 
 
+def test_a_named_build_starts_the_search(monkeypatch, caplog):
+    """KILN_NATIVE_VARIANT=avx2 on an AVX-512 CPU tries the avx2 build first (then the slower
+    ones), as an AVX2-only CPU would; a name this CPU cannot run is a warning, and the usual
+    order."""
+    from kiln.worker.native import build as native
+
+    flags = {"avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+    monkeypatch.setattr(native, "_cpu_flags", lambda: ("", flags))
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv(native.VARIANT_ENV, "AVX2")
+    assert [v.name for v in native._candidates()] == ["avx2", "portable"]
+    monkeypatch.setenv(native.VARIANT_ENV, "dotprod")
+    with caplog.at_level("WARNING"):
+        assert [v.name for v in native._candidates()] == ["avx512vnni", "avxvnni", "avx2", "portable"]
+    assert "KILN_NATIVE_VARIANT=dotprod" in caplog.text
+
+
 def test_builds_that_fail_or_do_not_run_here_are_passed_over(monkeypatch, tmp_path):
     """A variant that does not compile, or whose self-test fails in the child process (a CPU
     without its instructions: the CPUID check refuses, or SIGILL kills the child), is passed

@@ -14,7 +14,9 @@ flags (AVX-512 + VNNI, AVX-VNNI, AVX2 + FMA, and the compiler's baseline; Arm do
 baseline), and the first one that this CPU runs is taken: skipped unless /proc/cpuinfo lists its
 instructions, then run once in a throw-away process (``kiln_selftest``: a CPUID check and one
 product of each kind) so that an illegal instruction kills that process, not the worker.
-``KILN_NATIVE_PORTABLE=1`` takes the baseline build whatever the CPU has (tests use it).
+``KILN_NATIVE_PORTABLE=1`` takes the baseline build whatever the CPU has (tests use it);
+``KILN_NATIVE_VARIANT=avx2`` (any variant's name) starts the search at that build, so that one
+machine can show what a CPU without the faster extensions gets (bench/'s ``--cpu avx2``).
 
 Each shared library is cached under ``$KILN_NATIVE_CACHE`` (default ``~/.cache/kiln/native``),
 named by a hash of the sources, the compiler command and the CPU, so an edit or another machine
@@ -54,6 +56,7 @@ DISABLE_ENV = "KILN_NATIVE_KERNELS"
 X16 = 0x100  # or'ed into a GGML type id: the matrix in panels of 16 rows (panels.c)
 CACHE_ENV = "KILN_NATIVE_CACHE"
 PORTABLE_ENV = "KILN_NATIVE_PORTABLE"
+VARIANT_ENV = "KILN_NATIVE_VARIANT"
 # Every variant's code generation flags, then those that make it a shared library (separate
 # so that tests/worker/native_driver.c can be built as a program with exactly the same code).
 COMPILE_FLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wno-psabi")
@@ -388,7 +391,14 @@ def _candidates() -> list[Variant]:
     if _truthy(PORTABLE_ENV):
         return [PORTABLE]
     _, flags = _cpu_flags()
-    return [v for v in variants() if flags is None or v.needs <= flags]
+    usable = [v for v in variants() if flags is None or v.needs <= flags]
+    named = os.environ.get(VARIANT_ENV, "").strip().lower()
+    if named:
+        names = [v.name for v in usable]
+        if named in names:
+            return usable[names.index(named):]
+        log.warning("%s=%s: not a build this CPU runs (%s); choosing as usual", VARIANT_ENV, named, ", ".join(names))
+    return usable
 
 
 def claim_team() -> None:

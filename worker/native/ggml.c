@@ -625,8 +625,9 @@ static inline __attribute__((always_inline)) void ggml_tile_b512(const int M, co
 #endif
 
 /* Builds with loops that multiply matrices in panels of 16 rows (panels.c): AVX-512 VNNI's, and
- * AVX-VNNI's at 256 bits (Intel's client cores from Alder Lake on have it and no AVX-512). */
-#if defined(KILN_GGML_512) || (defined(__AVXVNNI__) && defined(__F16C__))
+ * AVX-VNNI's and plain AVX2's at 256 bits (Intel's client cores from Alder Lake on have AVX-VNNI
+ * and no AVX-512; AMD's before Zen 4 and Intel's before Ice Lake, AVX2 alone). */
+#if defined(KILN_GGML_512) || (defined(__AVX2__) && defined(__F16C__))
 #define KILN_X16_LOOPS 1
 #endif
 

@@ -30,8 +30,9 @@
  * ggml.c's form of any group, so the dequantization and mlx's exact reference product read the
  * file's numbers, bit for bit, and a panel is the GEMM's column tile (gemm.c) as it stands.
  *
- * ggml_blocks.py repacks a matrix when the build has these loops (kiln_has_panels) and its rows
- * are a multiple of 16; the file's pages are then let go. Included by decode.c after ggml.c.
+ * ggml_blocks.py repacks a matrix when the build has these loops (kiln_has_panels: the AVX-512
+ * VNNI build at 512 bits, the AVX-VNNI and plain AVX2 builds at 256) and its rows are a multiple
+ * of 16; the file's pages are then let go. Included by decode.c after ggml.c.
  */
 
 #define X16_ROWS 16
@@ -416,6 +417,54 @@ static inline __m256i x16_bit4_256(__m256i v, int k, __m256i bit4) {
     return _mm256_and_si256(k <= 4 ? _mm256_slli_epi16(v, 4 - k) : _mm256_srli_epi16(v, k - 4), bit4);
 }
 
+/* The 4-weight dot products of a group's 8 vectors u (32 weights each of 8 rows: 4 a lane) with
+ * the activations x (4 bytes a broadcast): i0 sums the group's first 16 weights, i1 its last 16.
+ * AVX-VNNI: one vpdpbusd each. Plain AVX2 has none: vpmaddubsw multiplies unsigned by signed
+ * bytes into pairs of int16 sums (saturating), vpmaddwd adds those pairs into int32. The 16-bit
+ * sums are added before widening as far as they cannot saturate, with |xi| <= 127: a pair is at
+ * most 2 x 31 x 127 = 7,874 for 4- and 5-bit weights (four add up to 31,496), 2 x 63 x 127 =
+ * 16,002 for Q6_K's (two: 32,004). Q8_0's u = q + 128 would saturate a pair (2 x 255 x 127), so
+ * on AVX2 its u holds q itself (x16_half) and the products are |q| by xi signed as q is (at most
+ * 2 x 128 x 127 = 32,512), with no zero point to take off. */
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#define X16_VNNI 1
+#endif
+static inline __attribute__((always_inline)) void x16_dots(const int type, const __m256i u[8], const int32_t *x, __m256i *i0, __m256i *i1) {
+#ifdef X16_VNNI
+    (void)type;
+    __m256i s0 = GGML_DOT(_mm256_setzero_si256(), u[0], _mm256_set1_epi32(x[0]));
+    s0 = GGML_DOT(s0, u[1], _mm256_set1_epi32(x[1]));
+    s0 = GGML_DOT(s0, u[2], _mm256_set1_epi32(x[2]));
+    s0 = GGML_DOT(s0, u[3], _mm256_set1_epi32(x[3]));
+    __m256i s1 = GGML_DOT(_mm256_setzero_si256(), u[4], _mm256_set1_epi32(x[4]));
+    s1 = GGML_DOT(s1, u[5], _mm256_set1_epi32(x[5]));
+    s1 = GGML_DOT(s1, u[6], _mm256_set1_epi32(x[6]));
+    s1 = GGML_DOT(s1, u[7], _mm256_set1_epi32(x[7]));
+    *i0 = s0;
+    *i1 = s1;
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p[8];
+    for (int t = 0; t < 8; t++) {
+        const __m256i bx = _mm256_set1_epi32(x[t]);
+        p[t] = type == KILN_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[t], u[t]), _mm256_sign_epi8(bx, u[t])) : _mm256_maddubs_epi16(u[t], bx);
+    }
+    __m256i s[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i *q = p + 4 * h;
+        if (type == KILN_Q8_0)
+            s[h] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(q[0], ones), _mm256_madd_epi16(q[1], ones)),
+                                    _mm256_add_epi32(_mm256_madd_epi16(q[2], ones), _mm256_madd_epi16(q[3], ones)));
+        else if (type == KILN_Q6_K)
+            s[h] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(q[0], q[1]), ones), _mm256_madd_epi16(_mm256_add_epi16(q[2], q[3]), ones));
+        else
+            s[h] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(q[0], q[1]), _mm256_add_epi16(q[2], q[3])), ones);
+    }
+    *i0 = s[0];
+    *i1 = s[1];
+#endif
+}
+
 /* x16_tile at 256 bits, for half `half` of the panel's rows (0: rows 0-7, 1: rows 8-15): each 64
  * bytes of a panel's weights are two vectors, one per half. One half at a time over the whole
  * width, so that AVX2's 16 registers hold a half's 8 weight vectors and its sums; the second half
@@ -425,7 +474,11 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
     const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32;
+#ifdef X16_VNNI
     const int z = type == KILN_Q4_0 ? 8 : 128;
+#else
+    const int z = type == KILN_Q4_0 ? 8 : 0; /* Q8_0's u is q itself here (x16_dots) */
+#endif
     const long ub = x16_unit_bytes(type);
     const int hb = 32 * half, hr = 8 * half; /* the half's bytes in each 64, and its first row */
     for (int s = 0; s < K / x16_unit(type); s++) {
@@ -438,6 +491,9 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
             __m256i u[8];
             if (type == KILN_Q8_0) {
                 for (int t = 0; t < 8; t++) u[t] = _mm256_loadu_si256((const __m256i *)(x16_q8(o, 0, t) + hb));
+#ifndef X16_VNNI
+                for (int t = 0; t < 8; t++) u[t] = _mm256_xor_si256(u[t], _mm256_set1_epi8((char)0x80)); /* q = u - 128 */
+#endif
             } else {
                 for (int t = 0; t < 4; t++) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(x16_nib(type, o, 0, j, t) + hb));
@@ -470,14 +526,8 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
                 const int32_t *x = (const int32_t *)(a->gq + r * a->gq_ld + g * 32);
                 const int32_t *is = a->gsum + r * a->gsum_ld + 2 * g;
                 const __m256 dx = _mm256_set1_ps(a->gd[r * a->gd_ld + g]);
-                __m256i i0 = GGML_DOT(_mm256_setzero_si256(), u[0], _mm256_set1_epi32(x[0]));
-                i0 = GGML_DOT(i0, u[1], _mm256_set1_epi32(x[1]));
-                i0 = GGML_DOT(i0, u[2], _mm256_set1_epi32(x[2]));
-                i0 = GGML_DOT(i0, u[3], _mm256_set1_epi32(x[3]));
-                __m256i i1 = GGML_DOT(_mm256_setzero_si256(), u[4], _mm256_set1_epi32(x[4]));
-                i1 = GGML_DOT(i1, u[5], _mm256_set1_epi32(x[5]));
-                i1 = GGML_DOT(i1, u[6], _mm256_set1_epi32(x[6]));
-                i1 = GGML_DOT(i1, u[7], _mm256_set1_epi32(x[7]));
+                __m256i i0, i1;
+                x16_dots(type, u, x, &i0, &i1);
                 if (q4k) {
                     acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(sc0, dx), acc[m]);
                     cor[m] = _mm256_fmadd_ps(mn, _mm256_mul_ps(dx, _mm256_set1_ps((float)(is[0] + is[1]))), cor[m]);
