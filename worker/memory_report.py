@@ -15,8 +15,10 @@ which lists them in ``/v1/models`` (``memory``, docs/api.md):
   (``kv_bytes_per_token`` times the window), in the dtype the model computes in, or in the 8-bit
   layout where ``--kv-cache int8`` took (engine/kv_int8.py: 36 bytes per 32 values); each running
   request holds its own, up to ``max_batch``, and the prompt cache up to ``cache_bytes`` more.
-- ``other_bytes``: the resident set when the worker is ready, less the weights: the runtime
-  (Python, mlx, the tokenizer) and its buffers. ``rss_bytes`` is that resident set.
+- ``other_bytes``: the resident set when the worker is ready, less the weights' part of it: the
+  runtime (Python, mlx, the tokenizer) and its buffers. A mapped matrix's part is its pages
+  that are in memory (mincore), which at a start that maps kept panels may be few of them;
+  taking all of it off gave "the rest 0 MB". ``rss_bytes`` is that resident set.
 
 The KV figure is computed from the model's shape (layers, KV heads, head width), not measured:
 architectures with sliding-window layers (Gemma) hold less than it says on those layers.
@@ -29,20 +31,21 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .engine.kv_int8 import INT8, position_bytes
 from .loading.parameters import flat_parameters
-from .memory import resident_bytes
+from .memory import resident_bytes, resident_part
 
 log = logging.getLogger("kiln.worker.loading")
 
 
-def _weights(model: nn.Module) -> tuple[int, int]:
-    """(all weight bytes, of which the mapped GGUF file's) of a loaded model."""
+def _weights(model: nn.Module) -> tuple[int, list[np.ndarray]]:
+    """(all weight bytes, the arrays that are a mapped file's pages) of a loaded model."""
     from .loading.ggml_blocks import ggml_weights
 
     total = sum(v.nbytes for _, v in flat_parameters(model) if isinstance(v, mx.array))
-    mapped = 0
+    mapped: list[np.ndarray] = []
     seen: set[int] = set()
     for _, module in model.named_modules():
         blocks = ggml_weights(module)
@@ -50,7 +53,7 @@ def _weights(model: nn.Module) -> tuple[int, int]:
             seen.add(id(blocks.blocks))
             total += blocks.blocks.nbytes
             if blocks.mapped:  # the GGUF's blocks or kept panels, not the process's own memory
-                mapped += blocks.blocks.nbytes
+                mapped.append(blocks.blocks)
         packed = getattr(module, "_packed", None)
         if packed is not None and id(packed) not in seen:
             seen.add(id(packed))
@@ -85,10 +88,15 @@ def kv_bytes_per_token(model: nn.Module, kv_int8: bool = False) -> int | None:
 
 def memory_report(model: nn.Module, context_window: int, kv_int8: bool = False) -> dict[str, int]:
     """The figures of the module docstring, measured now (call it once the engine is ready)."""
-    weights, mapped = _weights(model)
+    weights, mapped_arrays = _weights(model)
+    mapped = sum(a.nbytes for a in mapped_arrays)
     per_token = kv_bytes_per_token(model, kv_int8)
     rss = resident_bytes()
-    report = {"weights_bytes": weights, "weights_mapped_bytes": mapped, "rss_bytes": rss, "other_bytes": max(0, rss - weights)}
+    # The weights' share of the resident set: the process's own copies whole, the mapped ones as
+    # far as their pages are in (where that cannot be asked, as if all were).
+    in_memory = resident_part(mapped_arrays)
+    held = weights - mapped + (mapped if in_memory is None else min(in_memory, mapped))
+    report = {"weights_bytes": weights, "weights_mapped_bytes": mapped, "rss_bytes": rss, "other_bytes": max(0, rss - held)}
     if per_token is not None:
         report.update(kv_bytes_per_token=per_token, kv_cache_bytes=per_token * context_window, context_window=context_window)
     return report
