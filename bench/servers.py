@@ -103,8 +103,9 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
     `model`: the GGUF that `kiln` and `llama_cpp` serve (others cannot: PeerUnavailable), with
     Kiln's context at one llama-server slot's and speculation off (random weights make prompt
     lookup meaningless).
-    `cpu`: "avx2" runs Kiln's AVX2 kernels (KILN_NATIVE_VARIANT) and llama-server built without
-    AVX-VNNI and AVX-512 (bench/llama_cpp.py), as a CPU without those extensions would.
+    `cpu`: "avx2" runs Kiln's AVX2 kernels (KILN_NATIVE_VARIANT) and OpenBLAS's
+    (OPENBLAS_CORETYPE), and llama-server built without AVX-VNNI and AVX-512 (bench/llama_cpp.py),
+    as a CPU without those extensions would.
     """
     if model is not None:
         if name not in ("kiln", "kiln_chat", "llama_cpp"):
@@ -113,8 +114,10 @@ def spec_for(name: str, *, scripted_delay: float = 0.01, scripted_reply: str | N
             kiln_args = [*(kiln_args or []), "--model", str(model.path), "--model-id", model.id, "--speculative", "off", "--context-length", str(LLAMA_SLOT_CONTEXT)]
     spec = _spec_for(name, scripted_delay=scripted_delay, scripted_reply=scripted_reply, kiln_args=kiln_args, threads=threads, model=model, cpu=cpu)
     if cpu != "native" and name.startswith("kiln"):
-        spec.env["KILN_NATIVE_VARIANT"] = cpu
-        spec.note += f", KILN_NATIVE_VARIANT={cpu}"
+        # OpenBLAS (mlx's products where the native pass does not take them) picks its kernels
+        # by the CPU at run time: Haswell's are its AVX2 ones.
+        spec.env.update(KILN_NATIVE_VARIANT=cpu, OPENBLAS_CORETYPE="Haswell")
+        spec.note += f", KILN_NATIVE_VARIANT={cpu}, OPENBLAS_CORETYPE=Haswell"
     if threads:
         spec.env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         spec.note += f", OMP_NUM_THREADS=OPENBLAS_NUM_THREADS={threads}"

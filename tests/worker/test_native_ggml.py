@@ -346,21 +346,21 @@ def test_q4_1_file_keeps_the_affine_layout(tmp_path, tokenizer_md):
 
 def _gemm_model(tmp_path, tokenizer_md) -> nn.Module:
     """A Q4_K_M-style llama file loaded as the worker loads it, where its prompts can go through
-    the native pass's GEMM (else the test skips: elsewhere they go through mlx)."""
+    the native pass's GEMM or panel loops (else the test skips: elsewhere they go through mlx)."""
     from kiln.worker.loading.device import keeps_gguf_blocks
     from kiln.worker.native.build import cpu_kernels
 
     if not keeps_gguf_blocks("auto"):
         pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
     kernels = cpu_kernels()
-    if kernels is None or not kernels.gemm:
-        pytest.skip("this build has no prefill GEMM: prompts go through mlx")
+    if kernels is None or not (kernels.gemm or kernels.panels):
+        pytest.skip("this build has neither the prefill GEMM nor panel loops: prompts go through mlx")
     return _load(tmp_path, tokenizer_md, "llama", "K").model
 
 
 def test_long_prompt_of_a_q4_k_m_file_prefills_through_the_native_pass(tmp_path, tokenizer_md, monkeypatch):
     """A prompt longer than a chunk, on a Q4_K_M-style file: every chunk goes through the native
-    pass (its GEMM), none through mlx's forward pass, and the request's first token is mlx-lm's."""
+    pass (its GEMM, or its panel loops), none through mlx's forward pass, and the request's first token is mlx-lm's."""
     from kiln.worker.engine import prefill as prefill_module
     from kiln.worker.engine.native_decode import NativeDecoder
     from kiln.worker.engine.scheduler import Scheduler

@@ -48,8 +48,9 @@ _MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 # Rows x new tokens of one call; decode batches are at most the scheduler's batch size.
 MAX_TOKENS = 256
 # Tokens of one long prompt's chunk that the pass takes where its products of a GGUF's blocks
-# go through the GEMM (worker/native/gemm.c): 512 rows keep the cost of decoding each column
-# tile of the weights small beside multiplying it, for ~90 MB of scratch on a 1B model.
+# go through the GEMM (worker/native/gemm.c) or the panel loops (panels.c): 512 rows keep the
+# cost of decoding each column tile of the weights small beside multiplying it, for ~90 MB of
+# scratch on a 1B model.
 PREFILL_TOKENS = 512
 # decode.c's mask of the products that take 8-bit activations (q/k/v 1, o 2, gate/up 4, down 8,
 # head 16): all of them.
@@ -225,8 +226,9 @@ class NativeDecoder:
         self.blocks = _blocks_line(layers, head, inner.embed_tokens)
         self._kernels: CpuKernels = head.kernel
         # A long prompt's chunk this pass takes (0: long prompts go through mlx): with a GGUF's
-        # blocks and the GEMM, the pass's products beat mlx's (dequantized pieces through BLAS).
-        self.prefill_rows = PREFILL_TOKENS if self.blocks and self._kernels.gemm else 0
+        # blocks and the GEMM (AVX-512), or the panel loops 8 rows a tile (AVX-VNNI, AVX2), the
+        # pass's products beat mlx's (dequantized pieces through BLAS).
+        self.prefill_rows = PREFILL_TOKENS if self.blocks and (self._kernels.gemm or self._kernels.panels) else 0
         self._lib = self._kernels.library
         self._heads, self._kv_heads, self._head_dim = attn.n_heads, attn.n_kv_heads, attn.rope.dims
         # The 8-bit cache (kv_int8.py), which only this pass reads: then it takes every step,
@@ -274,7 +276,8 @@ class NativeDecoder:
         """The decoder for ``model``, or None where it does not apply or does not match mlx.
 
         kv "int8" asks for the 8-bit cache: kept where the pass takes every step (a GGUF's blocks
-        with the GEMM) and passes its check with it, else the float32 cache, with a log line."""
+        with the GEMM or panel loops) and passes its check with it, else the float32 cache, with
+        a log line."""
         if type(model) not in _MODELS:
             return None
         inner = model.model
@@ -315,9 +318,12 @@ class NativeDecoder:
     def _with_8_bit_cache(self, model: nn.Module, layers: list[_Layer], head: Weights) -> NativeDecoder:
         """This pass with the 8-bit cache where it can take it and agrees with this one (``KV8``),
         else this one. It can where it runs every step (``prefill_rows``: a GGUF's blocks with the
-        GEMM), since mlx cannot read the cache, and its heads are whole blocks."""
+        GEMM or panel loops), since mlx cannot read the cache, and its heads are whole blocks."""
         if not self.prefill_rows or self._head_dim % kv_int8.BLOCK:
-            log.warning("--kv-cache int8 needs the native pass to run every step (a GGUF's blocks, a GEMM build) and a head size that is a multiple of %d: float32 cache", kv_int8.BLOCK)
+            log.warning(
+                "--kv-cache int8 needs the native pass to run every step (a GGUF's blocks, a build with the GEMM or panel loops) and a head size that is a multiple of %d: float32 cache",
+                kv_int8.BLOCK,
+            )
             return self
         candidate = type(self)(model, layers, head, self.int8, "int8")
         candidate._reference = self

@@ -20,7 +20,7 @@ integer dot products it did a 78-token prompt in ~0.6x the CPU time of mlx with 
 the native pass reads a GGUF's blocks, every group does, in runs of equal remainders: mlx's
 padded pass would dequantize the blocks for BLAS (``_native_runs`` says what that cost).
 A long prompt's chunks go through the native pass too where it reads a GGUF's blocks with its
-GEMM (``NativeDecoder.prefill_rows``; chunks of at most that many tokens, into a one-row batch
+GEMM or panel loops (``NativeDecoder.prefill_rows``; chunks of at most that many tokens, into a one-row batch
 cache kept across chunks): mlx would dequantize the blocks piece by piece for BLAS, ~2x
 llama-server's time to first token on a 1,000-token prompt. Elsewhere they go through mlx, whose
 attention softmax and SiLU use cpu_exp.py's exp there.
