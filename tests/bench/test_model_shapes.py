@@ -128,12 +128,20 @@ def test_bad_model_shape_options_are_refused(argv, capsys):
 def test_every_peer_serves_the_shape_file_under_one_id(peer, tmp_path, monkeypatch):
     from bench import llama_cpp, servers
 
-    monkeypatch.setattr(llama_cpp, "server_binary", lambda *a: llama_cpp.Binary(tmp_path / "llama-server", "test", "on PATH"))
+    builds: list[str] = []  # the CPU level each llama-server was asked for
+    monkeypatch.setattr(llama_cpp, "server_binary", lambda cpu="native": builds.append(cpu) or llama_cpp.Binary(tmp_path / "llama-server", "test", "on PATH"))
+    monkeypatch.delenv("KILN_NATIVE_VARIANT", raising=False)
     model = servers.ModelFile(tmp_path / "llama-3.2-1b-x-Q4_K_M.gguf", "llama-3.2-1b-q4_k_m")
     spec = servers.spec_for(peer, threads=1, model=model)
     assert spec.model == "llama-3.2-1b-q4_k_m" and str(model.path) in spec.argv
     if peer.startswith("kiln"):
         argv = " ".join(spec.argv)
         assert "--model-id llama-3.2-1b-q4_k_m" in argv and "--speculative off" in argv and "--context-length 2048" in argv
+    # --cpu avx2: Kiln on its avx2 build, llama-server built for AVX2 alone
+    avx2 = servers.spec_for(peer, threads=1, model=model, cpu="avx2")
+    if peer.startswith("kiln"):
+        assert avx2.env["KILN_NATIVE_VARIANT"] == "avx2" and "KILN_NATIVE_VARIANT" not in spec.env
+    else:
+        assert builds == ["native", "avx2"]
     with pytest.raises(servers.PeerUnavailable):
         servers.spec_for("mlx_lm_q4", model=model)
