@@ -17,7 +17,8 @@ which lists them in ``/v1/models`` (``memory``, docs/api.md):
   request holds its own, up to ``max_batch``, and the prompt cache up to ``cache_bytes`` more.
 - ``other_bytes``: the resident set when the worker is ready, less the weights' part of it: the
   runtime (Python, mlx, the tokenizer) and its buffers. A mapped matrix's part is its pages
-  that are in memory (mincore), which at a start that maps kept panels may be few of them;
+  this process has mapped in (memory.resident_part), which at a start that maps kept panels may
+  be few of them;
   taking all of it off gave "the rest 0 MB". ``rss_bytes`` is that resident set.
 
 The KV figure is computed from the model's shape (layers, KV heads, head width), not measured:

@@ -182,8 +182,8 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 
 /* KILN_DEFINE_EXP(name, vf, vi): `static vf name(vf x)` = e^x lane by lane, for a float
  * vector type vf and the int32 vector type vi of its width (Cephes' expf, within 2 ulp; any x:
- * clamped to [-87, 88]). Why a macro: exp8 here and attention.c's exp16 are the same polynomial
- * at two widths, and one definition keeps its constants in one place while each width stays a
+ * clamped to [-87, 88]). Why a macro: exp8 here and attention.c's expk (as wide as its key tile)
+ * are the same polynomial, and one definition keeps its constants in one place while each width stays a
  * single vector expression (portable vector code: the compiler emits SSE, AVX, AVX-512 or NEON
  * for it; glibc's expf is scalar). */
 #define KILN_DEFINE_EXP(name, vf, vi)                                                              \
