@@ -526,6 +526,17 @@ typedef struct {
     long ldy;
 } kiln_job;
 
+/* Share c of the jobs' columns: the c-th panel (or column) counting through them in order. */
+static inline void product_unit(const kiln_job *jobs, const kiln_act *a, int int8, int c) {
+    int j = 0, u = c;
+    while (u >= jobs[j].w->n / unit_columns(jobs[j].w)) {
+        u -= jobs[j].w->n / unit_columns(jobs[j].w);
+        j++;
+    }
+    const int o = u * unit_columns(jobs[j].w);
+    product_column(jobs[j].w, o, a, int8, jobs[j].y + o, jobs[j].ldy);
+}
+
 static void products(const kiln_job *jobs, int n_jobs, const kiln_act *a, int int8) {
 #ifdef KILN_GEMM
     if (a->type && gemm_takes(a->M)) { /* a prefill chunk against GGUF blocks: gemm.c */
@@ -544,15 +555,16 @@ static void products(const kiln_job *jobs, int n_jobs, const kiln_act *a, int in
 #endif
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n / unit_columns(jobs[j].w);
+    if (a->M > KILN_QMM_MAX_ROWS) {
+        /* A prefill chunk on the panel loops (no GEMM: AVX2, AVX-VNNI): a panel is M / 8 tiles
+         * of compute, and the jobs' types cost differently (a Q4_K_M file's Q6_K v beside its
+         * Q4_K q and k), so shares are taken one panel at a time, not cut in equal halves. */
+#pragma omp for schedule(dynamic, 1)
+        for (int c = 0; c < total; c++) product_unit(jobs, a, int8, c);
+    } else {
+        /* Decoding: each thread streams one contiguous range, with no shared counter. */
 #pragma omp for schedule(static)
-    for (int c = 0; c < total; c++) {
-        int j = 0, u = c;
-        while (u >= jobs[j].w->n / unit_columns(jobs[j].w)) {
-            u -= jobs[j].w->n / unit_columns(jobs[j].w);
-            j++;
-        }
-        const int o = u * unit_columns(jobs[j].w);
-        product_column(jobs[j].w, o, a, int8, jobs[j].y + o, jobs[j].ldy);
+        for (int c = 0; c < total; c++) product_unit(jobs, a, int8, c);
     }
 }
 
