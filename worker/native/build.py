@@ -117,7 +117,7 @@ class CpuKernels:
         self.int8: bool = bool(library.kiln_has_int8())
         # Whether this build multiplies prompt-sized chunks by GGUF blocks with its GEMM (gemm.c).
         self.gemm: bool = bool(library.kiln_has_gemm())
-        # Whether this build multiplies Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 matrices re-laid in panels of 16 rows (panels.c):
+        # Whether this build multiplies Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices re-laid in panels of 16 rows (panels.c):
         # the AVX-512 VNNI and AVX-VNNI builds.
         self.panels: bool = bool(library.kiln_has_panels())
         library.kiln_ggml_pack_x16_many.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr]

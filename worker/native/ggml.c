@@ -41,7 +41,7 @@
 enum {
     KILN_AFFINE = 0, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7, KILN_Q8_0 = 8,
     KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_IQ4_NL = 20, KILN_IQ4_XS = 23,
-    KILN_X16 = 0x100 /* or'ed with Q4_K, Q5_K, Q6_K, Q4_0, Q8_0: the matrix in panels of 16 rows (panels.c) */
+    KILN_X16 = 0x100 /* or'ed with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: the matrix in panels of 16 rows (panels.c) */
 };
 
 /* IQ4_NL / IQ4_XS levels (llama.cpp's kvalues_iq4nl) plus 128: the unsigned u of the form. */
@@ -50,10 +50,13 @@ static const uint8_t iq4_levels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141
 /* Bytes of one row of K weights of `type`, or -1 for a type or width the loops do not take. */
 long kiln_ggml_row_bytes(int type, long K) {
     switch (type) {
-    case KILN_Q4_K | KILN_X16: return K % 256 ? -1 : K / 256 * 148; /* a 16th of a panel's */
-    case KILN_Q5_K | KILN_X16: return K % 256 ? -1 : K / 256 * 180;
+    case KILN_Q4_K | KILN_X16: return K % 256 ? -1 : K / 256 * 144; /* a 16th of a panel's: the file's own size */
+    case KILN_Q5_K | KILN_X16: return K % 256 ? -1 : K / 256 * 176;
     case KILN_Q6_K | KILN_X16: return K % 256 ? -1 : K / 256 * 210;
     case KILN_Q4_0 | KILN_X16: return K % 32 ? -1 : K / 32 * 18;
+    case KILN_Q4_1 | KILN_X16: return K % 32 ? -1 : K / 32 * 20;
+    case KILN_Q5_0 | KILN_X16: return K % 32 ? -1 : K / 32 * 22;
+    case KILN_Q5_1 | KILN_X16: return K % 32 ? -1 : K / 32 * 24;
     case KILN_Q8_0 | KILN_X16: return K % 32 ? -1 : K / 32 * 34;
     case KILN_Q4_0: return K % 32 ? -1 : K / 32 * 18;
     case KILN_Q4_1: return K % 32 ? -1 : K / 32 * 20;

@@ -1,4 +1,4 @@
-/* Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 matrices re-laid in panels of 16 rows, for decoding.
+/* Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices re-laid in panels of 16 rows, for decoding.
  *
  * Why: ggml.c's loops take one weight row at a time. At one activation row (a decode step)
  * every super-block's unpacking (nibbles, 6-bit scales, float16) is paid for that one row, and
@@ -20,12 +20,15 @@
  *   Q6_K (3360 bytes = 16 x 210): d[16] | sc[16 sub-blocks][16 r] (int8) | per g: nibbles,
  *     4 x 64 bytes, then high bits, 2 x 64 bytes
  *   Q4_0 (288 bytes = 16 x 18): d[16] | nibbles: 4 x 64 bytes
+ *   Q4_1 (320 bytes = 16 x 20): d[16], m[16] | nibbles: 4 x 64 bytes
+ *   Q5_0 (352 bytes = 16 x 22): d[16] | nibbles: 4 x 64 bytes, then fifth bits, 64
+ *   Q5_1 (384 bytes = 16 x 24): d[16], m[16] | nibbles: 4 x 64 bytes, then fifth bits, 64
  *   Q8_0 (544 bytes = 16 x 34): d[16] | u = q + 128: 8 x 64 bytes, the t-th holding weights
  *     4 t .. 4 t + 3 of row r at bytes 4 r ..
  * In the t-th 64 bytes of a group's nibbles, byte 4 r + e holds weight 8 t + e of row r in its
  * low nibble and weight 8 t + 4 + e in its high one. Q6_K's two high bits of those weights are
  * in byte 4 r + e of the group's (t / 2)-th 64 bytes of high bits, at bits 4 (t % 2) + 0-1 (low
- * nibble's weight) and + 2-3 (high nibble's); Q5_K's fifth bits in byte 4 r + e of the group's
+ * nibble's weight) and + 2-3 (high nibble's); the Q5 types' fifth bits in byte 4 r + e of the group's
  * 64 bytes of them, at bits 2 t (low nibble's weight) and 2 t + 1 (high nibble's). Every value
  * is the file's own (the K types' scales keep 12 bytes a row, packed another way): x16_group gives
  * ggml.c's form of any group, so the dequantization and mlx's exact reference product read the
@@ -53,6 +56,9 @@ static inline long x16_unit_bytes(int type) {
     case KILN_Q5_K: return 2816;
     case KILN_Q6_K: return 3360;
     case KILN_Q4_0: return 288;
+    case KILN_Q4_1: return 320;
+    case KILN_Q5_0: return 352;
+    case KILN_Q5_1: return 384;
     default: return 544; /* Q8_0 */
     }
 }
@@ -77,20 +83,32 @@ static inline void x16_k_unpack(__m128i lo, __m128i hi, int j, __m128i *sc, __m1
 }
 #endif
 enum { X6_SC = 32, X6_NIB = 288 };
-enum { X0_NIB = 32, X8_Q = 32 };
+enum { X0_NIB = 32, X8_Q = 32 };       /* Q4_0, Q5_0 (its fifth bits after the nibbles); Q8_0 */
+enum { X1_M = 32, X1_NIB = 64 };       /* Q4_1, Q5_1: the block's m, then as Q4_0 and Q5_0 */
+
+/* Whether the type's u has a fifth bit (kept after each group's nibbles). */
+static inline int x16_five(int base) { return base == KILN_Q5_K || base == KILN_Q5_0 || base == KILN_Q5_1; }
+
+/* Whether the type has an offset per block or group (ggml.c's mt): Q4_K's and Q5_K's dmin m_j,
+ * Q4_1's and Q5_1's -m. The loops then keep its sums apart (cor) and take them off at the end. */
+static inline int x16_offset(int base) { return base == KILN_Q4_K || base == KILN_Q5_K || base == KILN_Q4_1 || base == KILN_Q5_1; }
+
+/* The block types' zero point z (ggml.c's table; Q6_K's is taken per half where it is used). */
+static inline int x16_zero(int base) { return base == KILN_Q4_0 ? 8 : base == KILN_Q5_0 ? 16 : base == KILN_Q8_0 ? 128 : 0; }
 
 /* Bytes of one group's weights in a panel's unit: its nibbles (4 x 64), then Q5_K's fifth bits
  * (64) or Q6_K's high bits (2 x 64). One group's bytes lie together: with Q6_K's high bits in a
  * region of their own, 2 KB after the nibbles, the loops streamed a matrix from memory at half
  * the row loops' speed on a Zen 4 (10 against 17 GB/s); interleaved, at 22. */
-static inline long x16_group_bytes(int base) { return base == KILN_Q6_K ? 384 : base == KILN_Q5_K ? 320 : 256; }
+static inline long x16_group_bytes(int base) { return base == KILN_Q6_K ? 384 : x16_five(base) ? 320 : 256; }
 
 /* Where row r's weights 8 t .. 8 t + 7 of group j start in a panel's unit o: their nibbles' 4
  * bytes and (Q6_K) their high bits' 4 bytes; Q8_0's weights 4 t .. 4 t + 3. */
 static inline const uint8_t *x16_nib(int base, const uint8_t *o, int r, int j, int t) {
-    return o + (base == KILN_Q4_K || base == KILN_Q5_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : X0_NIB) + x16_group_bytes(base) * j + 64 * t + 4 * r;
+    const long start = base == KILN_Q4_K || base == KILN_Q5_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : base == KILN_Q4_1 || base == KILN_Q5_1 ? X1_NIB : X0_NIB;
+    return o + start + x16_group_bytes(base) * j + 64 * t + 4 * r;
 }
-static inline const uint8_t *x16_h5(const uint8_t *o, int r, int j) { return o + X4_NIB + 320 * j + 256 + 4 * r; }
+static inline const uint8_t *x16_h5(int base, const uint8_t *o, int r, int j) { return x16_nib(base, o, 0, j, 0) + 256 + 4 * r; }
 static inline const uint8_t *x16_hi(const uint8_t *o, int r, int j, int t) { return o + X6_NIB + 384 * j + 256 + 64 * (t / 2) + 4 * r; }
 static inline const uint8_t *x16_q8(const uint8_t *o, int r, int t) { return o + X8_Q + 64 * t + 4 * r; }
 
@@ -113,6 +131,8 @@ static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, k
         G->z = 32;
         break;
     case KILN_Q4_0: G->z = 8; break;
+    case KILN_Q5_0: G->z = 16; break;
+    case KILN_Q4_1: case KILN_Q5_1: G->mt = -f16_at(o + X1_M + 2 * rp); break;
     default: /* Q8_0 */
         G->z = 128;
         for (int t = 0; t < 8; t++) memcpy(u + 4 * t, x16_q8(o, rp, t), 4);
@@ -120,7 +140,7 @@ static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, k
     }
     for (int t = 0; t < 4; t++) {
         const uint8_t *n = x16_nib(base, o, rp, j, t), *h = base == KILN_Q6_K ? x16_hi(o, rp, j, t) : NULL;
-        const uint8_t *h5 = base == KILN_Q5_K ? x16_h5(o, rp, j) : NULL;
+        const uint8_t *h5 = x16_five(base) ? x16_h5(base, o, rp, j) : NULL;
         for (int e = 0; e < 4; e++) {
             u[8 * t + e] = n[e] & 15;
             u[8 * t + 4 + e] = n[e] >> 4;
@@ -184,6 +204,8 @@ static inline __attribute__((always_inline)) void x16_pack_panel(int type, const
                 }
             } else if (type == KILN_Q6_K) {
                 for (int j = 0; j < 16; j++) o[X6_SC + 16 * j + r] = b[192 + j];
+            } else if (type == KILN_Q4_1 || type == KILN_Q5_1) {
+                memcpy(o + X1_M + 2 * r, b + 2, 2);
             }
             for (int j = 0; j < per; j++) {
                 uint8_t u[32];
@@ -204,10 +226,10 @@ static inline __attribute__((always_inline)) void x16_pack_panel(int type, const
                         wb[16 * (t / 2) + 8 + 4 * (t % 2) + e] = u[8 * t + 4 + e];
                     }
 #endif
-                uint32_t h5 = 0; /* Q5_K's fifth bits: byte e, bit 2 t (weight 8 t + e), 2 t + 1 (8 t + 4 + e) */
+                uint32_t h5 = 0; /* the Q5 types' fifth bits: byte e, bit 2 t (weight 8 t + e), 2 t + 1 (8 t + 4 + e) */
                 for (int pair = 0; pair < 2; pair++) {
                     const uint64_t lo = w[2 * pair], hi = w[2 * pair + 1], m4 = 0x0f0f0f0f0f0f0f0fULL, m2 = 0x0303030303030303ULL;
-                    if (type == KILN_Q5_K) {
+                    if (x16_five(type)) {
                         const uint64_t x = lo >> 4 & 0x0101010101010101ULL, y = hi >> 4 & 0x0101010101010101ULL;
                         h5 |= ((uint32_t)x | (uint32_t)y << 1 | (uint32_t)(x >> 32) << 2 | (uint32_t)(y >> 32) << 3) << (4 * pair);
                     }
@@ -220,7 +242,7 @@ static inline __attribute__((always_inline)) void x16_pack_panel(int type, const
                         memcpy((uint8_t *)x16_hi(o, r, j, 2 * pair), &h, 4);
                     }
                 }
-                if (type == KILN_Q5_K) memcpy((uint8_t *)x16_h5(o, r, j), &h5, 4);
+                if (x16_five(type)) memcpy((uint8_t *)x16_h5(type, o, r, j), &h5, 4);
             }
         }
     }
@@ -263,8 +285,14 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
                 b[64 * h + 32 * (i & 1) + l] |= (uint8_t)((u[l] & 15) << (4 * (i >> 1)));
                 b[128 + 32 * h + l] |= (uint8_t)((u[l] >> 4) << (2 * i));
             }
-        } else if (base == KILN_Q4_0) {
-            for (int l = 0; l < 16; l++) b[2 + l] = (uint8_t)(u[l] | u[l + 16] << 4);
+        } else if (base == KILN_Q4_0 || base == KILN_Q4_1 || base == KILN_Q5_0 || base == KILN_Q5_1) {
+            /* ggml.c's blocks: d, then (Q4_1, Q5_1) m, (Q5_0, Q5_1) qh with bit l weight l's fifth, nibbles l | l + 16 */
+            const int one = base == KILN_Q4_1 || base == KILN_Q5_1, five = x16_five(base);
+            if (one) memcpy(b + 2, o + X1_M + 2 * rp, 2);
+            uint8_t *qh = b + 2 + 2 * one, *qs = qh + 4 * five;
+            for (int l = 0; l < 16; l++) qs[l] = (uint8_t)((u[l] & 15) | (u[l + 16] & 15) << 4);
+            if (five)
+                for (int l = 0; l < 32; l++) qh[l / 8] |= (uint8_t)((u[l] >> 4) << (l % 8));
         } else {
             for (int l = 0; l < 32; l++) b[2 + l] = u[l] ^ 0x80;
         }
@@ -274,14 +302,15 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
 /* dst (N / 16 panels) = src (N rows of the file's `type` blocks, K wide) as panels. Returns the
  * panel type, or -1 where the type has none or N is not a multiple of 16. */
 int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst) {
-    if ((type != KILN_Q4_K && type != KILN_Q5_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q8_0) || N % X16_ROWS || N < 1) return -1;
+    if ((type != KILN_Q4_K && type != KILN_Q5_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q4_1 && type != KILN_Q5_0 && type != KILN_Q5_1 && type != KILN_Q8_0) || N % X16_ROWS || N < 1)
+        return -1;
     const long rb = kiln_ggml_row_bytes(type, K);
     if (rb < 0 || K % x16_unit(type)) return -1;
     const long pb = x16_panel_bytes(type, K); /* every byte of dst is written: no clearing pass first */
     /* One thread: the read is bound by page faults and memory (two threads took as long alone),
      * and during a start the other core has the gateway's start and the grammar compiler to run. */
 #define KILN_PACK(t) case t: for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(t, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb); break;
-    switch (type) { KILN_PACK(KILN_Q4_K) KILN_PACK(KILN_Q5_K) KILN_PACK(KILN_Q6_K) KILN_PACK(KILN_Q4_0) KILN_PACK(KILN_Q8_0) }
+    switch (type) { KILN_PACK(KILN_Q4_K) KILN_PACK(KILN_Q5_K) KILN_PACK(KILN_Q6_K) KILN_PACK(KILN_Q4_0) KILN_PACK(KILN_Q4_1) KILN_PACK(KILN_Q5_0) KILN_PACK(KILN_Q5_1) KILN_PACK(KILN_Q8_0) }
 #undef KILN_PACK
     return type | KILN_X16;
 }
@@ -333,15 +362,15 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
                 const __m512i h = _mm512_srli_epi16(_mm512_loadu_si512(x16_hi(o, 0, j, t)), 4 * (t % 2));
                 lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), top2));
                 hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 2), top2));
-            } else if (base == KILN_Q5_K) {
-                const __m512i h5 = _mm512_loadu_si512(x16_h5(o, 0, j));
+            } else if (x16_five(base)) {
+                const __m512i h5 = _mm512_loadu_si512(x16_h5(base, o, 0, j));
                 lo = _mm512_or_si512(lo, x16_bit4(h5, 2 * t, bit4));
                 hi = _mm512_or_si512(hi, x16_bit4(h5, 2 * t + 1, bit4));
             }
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t) * 64, lo);
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t + 1) * 64, hi);
         }
-        __m512 a = f, b = f, m = _mm512_setzero_ps(); /* Q4_0, Q8_0: f * 1 */
+        __m512 a = f, b = f, m = _mm512_setzero_ps(); /* Q4_0, Q5_0, Q8_0: f * 1 */
         if (base == KILN_Q4_K || base == KILN_Q5_K) {
             __m128i sc, mn;
             x16_k_unpack(_mm_loadu_si128((const __m128i *)(o + X4_LO + 16 * j)), _mm_loadu_si128((const __m128i *)(o + X4_HI + 16 * (j / 2))), j, &sc, &mn);
@@ -351,6 +380,8 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
         } else if (base == KILN_Q6_K) {
             a = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j)))));
             b = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j + 16)))));
+        } else if (base == KILN_Q4_1 || base == KILN_Q5_1) { /* mt = -m */
+            m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X1_M))));
         }
         _mm512_store_ps(s0 + g * 16, a);
         _mm512_store_ps(s1 + g * 16, b);
@@ -364,12 +395,13 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32; /* q4k: scales and mins */
-    const int z = type == KILN_Q4_0 ? 8 : 128; /* the block types' zero point */
+    const int offset = x16_offset(type), z = x16_zero(type);
     const long ub = x16_unit_bytes(type);
     for (int s = 0; s < K / x16_unit(type); s++) {
         const uint8_t *o = panel + (size_t)s * ub;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
         const __m512 dmin = q4k ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X4_DMIN))) : _mm512_setzero_ps();
+        const __m512 mt1 = offset && !q4k ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X1_M)))) : _mm512_setzero_ps(); /* Q4_1, Q5_1: -m */
         for (int j = 0; j < per; j++) {
             for (long c = 0, gb = ub / per; c < gb; c += 64) /* this group's share of a unit 16 KB on */
                 _mm_prefetch((const char *)((uintptr_t)o + X16_PREFETCH + (uintptr_t)(j * gb + c)), _MM_HINT_T1);
@@ -383,11 +415,11 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
                     u[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
                 }
             }
-            if (type == KILN_Q5_K) {
-                const __m512i h5 = _mm512_loadu_si512(x16_h5(o, 0, j));
+            if (x16_five(type)) {
+                const __m512i h5 = _mm512_loadu_si512(x16_h5(type, o, 0, j));
                 for (int i = 0; i < 8; i++) u[i] = _mm512_or_si512(u[i], x16_bit4(h5, i, bit4));
             }
-            __m512 sc0 = d, sc1 = _mm512_setzero_ps(), mn = _mm512_setzero_ps();
+            __m512 sc0 = d, sc1 = _mm512_setzero_ps(), mn = mt1;
             if (q4k) {
                 __m128i sc8, mn8;
                 x16_k_unpack(_mm_loadu_si128((const __m128i *)(o + X4_LO + 16 * j)), _mm_loadu_si128((const __m128i *)(o + X4_HI + 16 * (j / 2))), j, &sc8, &mn8);
@@ -419,7 +451,7 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
                 i1 = _mm512_dpbusd_epi32(i1, u[5], _mm512_set1_epi32(x[5]));
                 i1 = _mm512_dpbusd_epi32(i1, u[6], _mm512_set1_epi32(x[6]));
                 i1 = _mm512_dpbusd_epi32(i1, u[7], _mm512_set1_epi32(x[7]));
-                if (q4k) { /* d sc dx sum(u x) - dmin m dx sum(x) */
+                if (offset) { /* d sc dx sum(u x) - mt dx sum(x), mt = dmin m (K types) or -m */
                     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), _mm512_mul_ps(sc0, dx), acc[m]);
                     cor[m] = _mm512_fmadd_ps(mn, _mm512_mul_ps(dx, _mm512_set1_ps((float)(is[0] + is[1]))), cor[m]);
                 } else if (q6k) { /* per 16 weights: d sc dx (sum(u x) - 32 sum(x)) */
@@ -434,7 +466,7 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
             }
         }
     }
-    for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy, q4k ? _mm512_sub_ps(acc[m], cor[m]) : _mm512_add_ps(acc[m], cor[m]));
+    for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy, offset ? _mm512_sub_ps(acc[m], cor[m]) : _mm512_add_ps(acc[m], cor[m]));
 }
 
 #elif defined(KILN_X16_LOOPS)
@@ -499,11 +531,11 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
     __m256 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
-    const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32;
+    const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32, offset = x16_offset(type);
 #ifdef X16_VNNI
-    const int z = type == KILN_Q4_0 ? 8 : 128;
+    const int z = x16_zero(type);
 #else
-    const int z = type == KILN_Q4_0 ? 8 : 0; /* Q8_0's u is q itself here (x16_dots) */
+    const int z = type == KILN_Q8_0 ? 0 : x16_zero(type); /* Q8_0's u is q itself here (x16_dots) */
 #endif
     const long ub = x16_unit_bytes(type);
     const int hb = 32 * half, hr = 8 * half; /* the half's bytes in each 64, and its first row */
@@ -511,6 +543,7 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
         const uint8_t *o = panel + (size_t)s * ub;
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 2 * hr)));
         const __m256 dmin = q4k ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + X4_DMIN + 2 * hr))) : _mm256_setzero_ps();
+        const __m256 mt1 = offset && !q4k ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + X1_M + 2 * hr)))) : _mm256_setzero_ps(); /* Q4_1, Q5_1: -m */
         for (int j = 0; j < per; j++) {
             if (!half) /* the first half brings the panel from memory, asked for ahead as x16_tile does */
                 for (long c = 0, gb = ub / per; c < gb; c += 64) _mm_prefetch((const char *)((uintptr_t)o + X16_PREFETCH + (uintptr_t)(j * gb + c)), _MM_HINT_T1);
@@ -527,11 +560,11 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
                     u[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
                 }
             }
-            if (type == KILN_Q5_K) {
-                const __m256i h5 = _mm256_loadu_si256((const __m256i *)(x16_h5(o, 0, j) + hb));
+            if (x16_five(type)) {
+                const __m256i h5 = _mm256_loadu_si256((const __m256i *)(x16_h5(type, o, 0, j) + hb));
                 for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], x16_bit4_256(h5, i, bit4));
             }
-            __m256 sc0 = d, sc1 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
+            __m256 sc0 = d, sc1 = _mm256_setzero_ps(), mn = mt1;
             if (q4k) {
                 __m128i sc8, mn8;
                 x16_k_unpack(_mm_loadl_epi64((const __m128i *)(o + X4_LO + 16 * j + hr)), _mm_loadl_epi64((const __m128i *)(o + X4_HI + 16 * (j / 2) + hr)), j, &sc8, &mn8);
@@ -556,7 +589,7 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
                 const __m256 dx = _mm256_set1_ps(a->gd[r * a->gd_ld + g]);
                 __m256i i0, i1;
                 x16_dots(type, u, x, &i0, &i1);
-                if (q4k) {
+                if (offset) {
                     acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(sc0, dx), acc[m]);
                     cor[m] = _mm256_fmadd_ps(mn, _mm256_mul_ps(dx, _mm256_set1_ps((float)(is[0] + is[1]))), cor[m]);
                 } else if (q6k) {
@@ -571,7 +604,7 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
             }
         }
     }
-    for (int m = 0; m < M; m++) _mm256_storeu_ps(y + m * ldy + hr, q4k ? _mm256_sub_ps(acc[m], cor[m]) : _mm256_add_ps(acc[m], cor[m]));
+    for (int m = 0; m < M; m++) _mm256_storeu_ps(y + m * ldy + hr, offset ? _mm256_sub_ps(acc[m], cor[m]) : _mm256_add_ps(acc[m], cor[m]));
 }
 
 /* Up to 8 rows, 4 at a time: each row's sums take two registers (acc, cor) beside the 8 weight
@@ -602,6 +635,9 @@ static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M,
         case KILN_Q5_K: x16_tile(n, KILN_Q5_K, panel, w->k, a, m0, yp, ldy); break;                                     \
         case KILN_Q6_K: x16_tile(n, KILN_Q6_K, panel, w->k, a, m0, yp, ldy); break;                                     \
         case KILN_Q4_0: x16_tile(n, KILN_Q4_0, panel, w->k, a, m0, yp, ldy); break;                                     \
+        case KILN_Q4_1: x16_tile(n, KILN_Q4_1, panel, w->k, a, m0, yp, ldy); break;                                     \
+        case KILN_Q5_0: x16_tile(n, KILN_Q5_0, panel, w->k, a, m0, yp, ldy); break;                                     \
+        case KILN_Q5_1: x16_tile(n, KILN_Q5_1, panel, w->k, a, m0, yp, ldy); break;                                     \
         default: x16_tile(n, KILN_Q8_0, panel, w->k, a, m0, yp, ldy); break;                                            \
         }                                                                                                               \
         break;
@@ -615,8 +651,8 @@ static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M,
 static int x16_selftest(void) {
     enum { K = 256, N = X16_ROWS };
     static uint8_t rows[N * 272], panel[N * 272], back[272];
-    const int types[5] = {KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_Q4_0, KILN_Q8_0};
-    for (int t = 0; t < 5; t++) {
+    const int types[8] = {KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_Q4_0, KILN_Q4_1, KILN_Q5_0, KILN_Q5_1, KILN_Q8_0};
+    for (int t = 0; t < 8; t++) {
         const int type = types[t];
         const long rb = kiln_ggml_row_bytes(type, K);
         for (long i = 0; i < N * rb; i++) rows[i] = (uint8_t)((i * 131 + 17 * t + (i >> 7)) % 251);
@@ -625,7 +661,7 @@ static int x16_selftest(void) {
         for (int r = 0; r < N; r++)
             for (int b = 0; b < K / x16_unit(type); b++) {
                 memcpy(rows + r * rb + b * fb + (type == KILN_Q6_K ? 208 : 0), &scale, 2);
-                if (type == KILN_Q4_K || type == KILN_Q5_K) memcpy(rows + r * rb + b * fb + 2, &scale, 2);
+                if (type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q4_1 || type == KILN_Q5_1) memcpy(rows + r * rb + b * fb + 2, &scale, 2); /* dmin, m */
             }
         memset(panel, 0xa5, sizeof panel); /* the pack must write every byte */
         const int packed = kiln_ggml_pack_x16(type, N, K, rows, panel);
