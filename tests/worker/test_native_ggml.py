@@ -204,6 +204,22 @@ def test_q4_k_m_model_decodes_natively_from_its_blocks(tmp_path, tokenizer_md, c
     assert f"GGUF blocks: Q4_K x 14, Q6_K x {head}" in caplog.text
 
 
+def test_q4_1_file_with_a_q6_k_head_decodes_natively_from_its_blocks(tmp_path, tokenizer_md):
+    """A Q4_1 file as llama-quantize writes it (Q4_1 layers, a Q6_K embedding and head) keeps
+    every matrix as the file's blocks, Q4_1 included, and the native pass takes the whole model:
+    in mlx's layout its head was float16, which the pass does not read, and it decoded through
+    mlx alone. (The bundled Q4_1 file, with a Q8_0 embedding, keeps mlx's layout.)"""
+    from kiln.worker.engine.native_decode import NativeDecoder
+    from kiln.worker.loading.device import keeps_gguf_blocks
+
+    if not keeps_gguf_blocks("auto"):
+        pytest.skip("the worker keeps GGUF blocks only on the CPU with the native kernels")
+    loaded = _load(tmp_path, tokenizer_md, "llama", "K", k_types=(Q.Q4_1, Q.Q6_K), k_scale=RANDOM_BLOCK_SCALES["Q6_K"])
+    assert loaded.info.extra["conversions"] == {"Q4_1": "GGUF blocks", "Q6_K": "GGUF blocks"}
+    decoder = NativeDecoder.build(loaded.model)
+    assert decoder is not None and "Q4_1 x" in decoder.blocks and "Q6_K x" in decoder.blocks
+
+
 # Types gguf-py writes from floats, and those written as random blocks with the super-block (or
 # block) scale that keeps a random model's activations as tame as Q4_K's at 2^-12: the scale
 # times the widest integer weight the type holds (Q4_K 63 * 15, Q5_K 63 * 31, Q6_K 32 * 128,

@@ -167,6 +167,8 @@ def _encode(rng, name: str, w: np.ndarray, quant: str, k_types: tuple[Q, ...], k
                 qtype = k_types[int(name.split(".")[2]) % len(k_types)]
             else:  # the embedding and output head: Q6_K where it is one, as llama-quantize's Q4_K_M
                 qtype = Q.Q6_K if Q.Q6_K in k_types else k_types[0]
+            if qtype not in K_SCALE_FIELDS:  # a type gguf-py writes from the floats (Q4_1 beside Q6_K)
+                return quants.quantize(w.astype(np.float32), qtype), qtype
             # Power-of-two super-block scales: d * sc and dmin * m are float16 themselves, so
             # Kiln's repack holds exactly gguf-py's values (test_gguf_quants checks the rest).
             return k_blocks(rng, w.shape, qtype, scale=k_scale), qtype

@@ -37,9 +37,14 @@ TYPE_IDS: dict[str, int] = {
     "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23,
 }  # fmt: skip
 # Types the CPU worker keeps as blocks: every type the kernels read but Q4_1, which keeps mlx's
-# affine layout and its packed kernel (packed.py): the bundled SmolLM2-135M is a Q4_1 file, and its
-# float32 prefill and tuned decode figures (docs/performance.md) are not re-measured on blocks.
-AFFINE_FILE_TYPES = frozenset({"Q4_1"})  # a file with one keeps every matrix in mlx's layout
+# affine layout and its packed kernel (packed.py) in a file of only the types mlx holds as they
+# are (AFFINE_WHOLE): the bundled SmolLM2-135M is such a Q4_1 file, and its float32 prefill and
+# tuned decode figures (docs/performance.md) are not re-measured on blocks. A Q4_1 file with any
+# other type (llama-quantize writes the output head as Q6_K) keeps every matrix as blocks: in
+# mlx's layout its Q6_K head was float16, which the native pass does not read, so such a file
+# decoded through mlx alone (a 1B file: 3.8 tok/s against llama-server's 10).
+AFFINE_FILE_TYPES = frozenset({"Q4_1"})
+AFFINE_WHOLE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 KEPT_TYPES = frozenset(TYPE_IDS) - AFFINE_FILE_TYPES
 # Floats of one dequantized piece when mlx multiplies (32 MB): what a prefill adds at most.
 _PIECE_FLOATS = 1 << 23
