@@ -42,21 +42,6 @@ static void *gemm_scratch(size_t bytes) {
     return gemm_buf;
 }
 
-/* The type's zero point z and whether it has an offset mt (ggml.c's table). */
-static int gemm_zero_point(int type) {
-    switch (type) {
-    case KILN_Q4_0: return 8;
-    case KILN_Q5_0: return 16;
-    case KILN_Q6_K: return 32;
-    case KILN_Q8_0: case KILN_IQ4_NL: case KILN_IQ4_XS: return 128;
-    }
-    return 0;
-}
-
-static int gemm_has_offset(int type) {
-    return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q4_1 || type == KILN_Q5_1;
-}
-
 /* Columns o0 .. o0 + n - 1 (n <= 16) of W decoded: u (K / 32 groups x 8 quads x 16 columns x 4
  * bytes), s0 / s1 the float scale f * c_h of each half-group and mt the offset (K / 32 x 16
  * each); columns past n are zero. */
@@ -88,7 +73,7 @@ static void gemm_pack(int type, const uint8_t *q, long rb, int o0, int n, int K,
  * for c < n. */
 static inline __attribute__((always_inline)) void gemm_rows(int R, int type, int K, const kiln_act *a, int r0, const uint8_t *u, const float *s0,
                                                             const float *s1, const float *mt, float *y, long ldy, int n) {
-    const int G = K / 32, z = gemm_zero_point(type), halves = type == KILN_Q6_K, offset = gemm_has_offset(type);
+    const int G = K / 32, z = ggml_zero_point(type), halves = type == KILN_Q6_K, offset = ggml_has_offset(type);
     __m512 acc[GEMM_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {

@@ -88,6 +88,22 @@ typedef struct {
     const uint8_t *qh;  /* Q6_K, Q5_K: the high bits (32 bytes); Q5_0/Q5_1: the block's 4 bytes */
 } kiln_group;
 
+/* The type's zero point z and whether it has an offset mt (the table above): what the panel
+ * loops (panels.c) and the GEMM (gemm.c) take out of their integer sums. */
+static inline int ggml_zero_point(int type) {
+    switch (type) {
+    case KILN_Q4_0: return 8;
+    case KILN_Q5_0: return 16;
+    case KILN_Q6_K: return 32;
+    case KILN_Q8_0: case KILN_IQ4_NL: case KILN_IQ4_XS: return 128;
+    }
+    return 0;
+}
+
+static inline int ggml_has_offset(int type) {
+    return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q4_1 || type == KILN_Q5_1;
+}
+
 /* Q4_K/Q5_K's 6-bit scale and minimum of group j of a super-block (12 bytes at s). */
 static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
     if (j < 4) {

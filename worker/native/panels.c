@@ -89,12 +89,6 @@ enum { X1_M = 32, X1_NIB = 64 };       /* Q4_1, Q5_1: the block's m, then as Q4_
 /* Whether the type's u has a fifth bit (kept after each group's nibbles). */
 static inline int x16_five(int base) { return base == KILN_Q5_K || base == KILN_Q5_0 || base == KILN_Q5_1; }
 
-/* Whether the type has an offset per block or group (ggml.c's mt): Q4_K's and Q5_K's dmin m_j,
- * Q4_1's and Q5_1's -m. The loops then keep its sums apart (cor) and take them off at the end. */
-static inline int x16_offset(int base) { return base == KILN_Q4_K || base == KILN_Q5_K || base == KILN_Q4_1 || base == KILN_Q5_1; }
-
-/* The block types' zero point z (ggml.c's table; Q6_K's is taken per half where it is used). */
-static inline int x16_zero(int base) { return base == KILN_Q4_0 ? 8 : base == KILN_Q5_0 ? 16 : base == KILN_Q8_0 ? 128 : 0; }
 
 /* Bytes of one group's weights in a panel's unit: its nibbles (4 x 64), then Q5_K's fifth bits
  * (64) or Q6_K's high bits (2 x 64). One group's bytes lie together: with Q6_K's high bits in a
@@ -395,7 +389,7 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32; /* q4k: scales and mins */
-    const int offset = x16_offset(type), z = x16_zero(type);
+    const int offset = ggml_has_offset(type), z = ggml_zero_point(type); /* offset: the sums of mt kept apart (cor) */
     const long ub = x16_unit_bytes(type);
     for (int s = 0; s < K / x16_unit(type); s++) {
         const uint8_t *o = panel + (size_t)s * ub;
@@ -531,11 +525,11 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
     __m256 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
-    const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32, offset = x16_offset(type);
+    const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32, offset = ggml_has_offset(type);
 #ifdef X16_VNNI
-    const int z = x16_zero(type);
+    const int z = ggml_zero_point(type);
 #else
-    const int z = type == KILN_Q8_0 ? 0 : x16_zero(type); /* Q8_0's u is q itself here (x16_dots) */
+    const int z = type == KILN_Q8_0 ? 0 : ggml_zero_point(type); /* Q8_0's u is q itself here (x16_dots) */
 #endif
     const long ub = x16_unit_bytes(type);
     const int hb = 32 * half, hr = 8 * half; /* the half's bytes in each 64, and its first row */
@@ -661,7 +655,7 @@ static int x16_selftest(void) {
         for (int r = 0; r < N; r++)
             for (int b = 0; b < K / x16_unit(type); b++) {
                 memcpy(rows + r * rb + b * fb + (type == KILN_Q6_K ? 208 : 0), &scale, 2);
-                if (type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q4_1 || type == KILN_Q5_1) memcpy(rows + r * rb + b * fb + 2, &scale, 2); /* dmin, m */
+                if (ggml_has_offset(type)) memcpy(rows + r * rb + b * fb + 2, &scale, 2); /* dmin, m */
             }
         memset(panel, 0xa5, sizeof panel); /* the pack must write every byte */
         const int packed = kiln_ggml_pack_x16(type, N, K, rows, panel);
