@@ -41,35 +41,50 @@
 enum {
     KILN_AFFINE = 0, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7, KILN_Q8_0 = 8,
     KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_IQ4_NL = 20, KILN_IQ4_XS = 23,
-    KILN_X16 = 0x100 /* or'ed with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: the matrix in panels of 16 rows (panels.c) */
+    KILN_X16 = 0x100 /* or'ed with one of KILN_X16_TYPES: the matrix in panels of 16 rows (panels.c) */
 };
 
 /* IQ4_NL / IQ4_XS levels (llama.cpp's kvalues_iq4nl) plus 128: the unsigned u of the form. */
 static const uint8_t iq4_levels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
-/* Bytes of one row of K weights of `type`, or -1 for a type or width the loops do not take. */
-long kiln_ggml_row_bytes(int type, long K) {
+/* The types with panels of 16 rows (panels.c), one list for the pack, the sizes, the tile
+ * dispatch and the self-test: a type added here needs its pack, row and tile code there. */
+#define KILN_X16_TYPES(X) X(KILN_Q4_K) X(KILN_Q5_K) X(KILN_Q6_K) X(KILN_Q4_0) X(KILN_Q4_1) X(KILN_Q5_0) X(KILN_Q5_1) X(KILN_Q8_0)
+#define KILN_X16_CASE(t) case t:
+
+static inline int ggml_has_panels(int type) {
+    switch (type) { KILN_X16_TYPES(KILN_X16_CASE) return 1; }
+    return 0;
+}
+
+/* Weights in one block of `type`: 256 in the K types' and IQ4_XS's super-blocks, 32 otherwise. */
+static inline long ggml_unit_weights(int type) {
+    return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K || type == KILN_IQ4_XS ? 256 : 32;
+}
+
+/* Bytes of one block of `type` in the file, or 0 for a type the loops do not take. */
+static inline long ggml_unit_bytes(int type) {
     switch (type) {
-    case KILN_Q4_K | KILN_X16: return K % 256 ? -1 : K / 256 * 144; /* a 16th of a panel's: the file's own size */
-    case KILN_Q5_K | KILN_X16: return K % 256 ? -1 : K / 256 * 176;
-    case KILN_Q6_K | KILN_X16: return K % 256 ? -1 : K / 256 * 210;
-    case KILN_Q4_0 | KILN_X16: return K % 32 ? -1 : K / 32 * 18;
-    case KILN_Q4_1 | KILN_X16: return K % 32 ? -1 : K / 32 * 20;
-    case KILN_Q5_0 | KILN_X16: return K % 32 ? -1 : K / 32 * 22;
-    case KILN_Q5_1 | KILN_X16: return K % 32 ? -1 : K / 32 * 24;
-    case KILN_Q8_0 | KILN_X16: return K % 32 ? -1 : K / 32 * 34;
-    case KILN_Q4_0: return K % 32 ? -1 : K / 32 * 18;
-    case KILN_Q4_1: return K % 32 ? -1 : K / 32 * 20;
-    case KILN_Q5_0: return K % 32 ? -1 : K / 32 * 22;
-    case KILN_Q5_1: return K % 32 ? -1 : K / 32 * 24;
-    case KILN_Q8_0: return K % 32 ? -1 : K / 32 * 34;
-    case KILN_IQ4_NL: return K % 32 ? -1 : K / 32 * 18;
-    case KILN_Q4_K: return K % 256 ? -1 : K / 256 * 144;
-    case KILN_Q5_K: return K % 256 ? -1 : K / 256 * 176;
-    case KILN_Q6_K: return K % 256 ? -1 : K / 256 * 210;
-    case KILN_IQ4_XS: return K % 256 ? -1 : K / 256 * 136;
+    case KILN_Q4_0: case KILN_IQ4_NL: return 18;
+    case KILN_Q4_1: return 20;
+    case KILN_Q5_0: return 22;
+    case KILN_Q5_1: return 24;
+    case KILN_Q8_0: return 34;
+    case KILN_Q4_K: return 144;
+    case KILN_Q5_K: return 176;
+    case KILN_Q6_K: return 210;
+    case KILN_IQ4_XS: return 136;
     }
-    return -1;
+    return 0;
+}
+
+/* Bytes of one row of K weights of `type`, or -1 for a type or width the loops do not take. A
+ * panel's row (type | KILN_X16) is a 16th of its bytes, which are the file's own. */
+long kiln_ggml_row_bytes(int type, long K) {
+    const int base = type & ~KILN_X16;
+    if (type & KILN_X16 && !ggml_has_panels(base)) return -1;
+    const long ub = ggml_unit_bytes(base), uw = ggml_unit_weights(base);
+    return ub && K % uw == 0 ? K / uw * ub : -1;
 }
 
 static inline float f16_at(const uint8_t *p) {

@@ -44,24 +44,10 @@
 static inline int x16_base(int type) { return type & ~KILN_X16; }
 
 /* Weights of one unit: a super-block, or a block. */
-static inline int x16_unit(int type) {
-    const int base = x16_base(type);
-    return base == KILN_Q4_K || base == KILN_Q5_K || base == KILN_Q6_K ? 256 : 32;
-}
+static inline int x16_unit(int type) { return (int)ggml_unit_weights(x16_base(type)); }
 
-/* Bytes of one panel's unit: 16 rows' worth. */
-static inline long x16_unit_bytes(int type) {
-    switch (x16_base(type)) {
-    case KILN_Q4_K: return 2304;
-    case KILN_Q5_K: return 2816;
-    case KILN_Q6_K: return 3360;
-    case KILN_Q4_0: return 288;
-    case KILN_Q4_1: return 320;
-    case KILN_Q5_0: return 352;
-    case KILN_Q5_1: return 384;
-    default: return 544; /* Q8_0 */
-    }
-}
+/* Bytes of one panel's unit: 16 rows' worth, the file's bytes re-laid. */
+static inline long x16_unit_bytes(int type) { return X16_ROWS * ggml_unit_bytes(x16_base(type)); }
 
 /* Offsets in a panel's unit (d[16] at 0 in all). */
 enum { X4_DMIN = 32, X4_LO = 64, X4_HI = 192, X4_NIB = 256 }; /* Q5_K: Q4_K's */
@@ -296,7 +282,7 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
 /* dst (N / 16 panels) = src (N rows of the file's `type` blocks, K wide) as panels. Returns the
  * panel type, or -1 where the type has none or N is not a multiple of 16. */
 int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst) {
-    if ((type != KILN_Q4_K && type != KILN_Q5_K && type != KILN_Q6_K && type != KILN_Q4_0 && type != KILN_Q4_1 && type != KILN_Q5_0 && type != KILN_Q5_1 && type != KILN_Q8_0) || N % X16_ROWS || N < 1)
+    if (!ggml_has_panels(type) || N % X16_ROWS || N < 1)
         return -1;
     const long rb = kiln_ggml_row_bytes(type, K);
     if (rb < 0 || K % x16_unit(type)) return -1;
@@ -304,7 +290,7 @@ int kiln_ggml_pack_x16(int type, int N, int K, const uint8_t *src, uint8_t *dst)
     /* One thread: the read is bound by page faults and memory (two threads took as long alone),
      * and during a start the other core has the gateway's start and the grammar compiler to run. */
 #define KILN_PACK(t) case t: for (int p = 0; p < N / X16_ROWS; p++) x16_pack_panel(t, src + (size_t)p * X16_ROWS * rb, rb, K, dst + (size_t)p * pb); break;
-    switch (type) { KILN_PACK(KILN_Q4_K) KILN_PACK(KILN_Q5_K) KILN_PACK(KILN_Q6_K) KILN_PACK(KILN_Q4_0) KILN_PACK(KILN_Q4_1) KILN_PACK(KILN_Q5_0) KILN_PACK(KILN_Q5_1) KILN_PACK(KILN_Q8_0) }
+    switch (type) { KILN_X16_TYPES(KILN_PACK) }
 #undef KILN_PACK
     return type | KILN_X16;
 }
@@ -622,21 +608,21 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
 static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M, float *y, long ldy) {
     const uint8_t *panel = w->q + (size_t)p * x16_panel_bytes(w->type, w->k);
     float *yp = y + (size_t)p * X16_ROWS;
-#define KILN_X16_TILE(n)                                                                                                \
-    case n:                                                                                                             \
-        switch (x16_base(w->type)) {                                                                                    \
-        case KILN_Q4_K: x16_tile(n, KILN_Q4_K, panel, w->k, a, m0, yp, ldy); break;                                     \
-        case KILN_Q5_K: x16_tile(n, KILN_Q5_K, panel, w->k, a, m0, yp, ldy); break;                                     \
-        case KILN_Q6_K: x16_tile(n, KILN_Q6_K, panel, w->k, a, m0, yp, ldy); break;                                     \
-        case KILN_Q4_0: x16_tile(n, KILN_Q4_0, panel, w->k, a, m0, yp, ldy); break;                                     \
-        case KILN_Q4_1: x16_tile(n, KILN_Q4_1, panel, w->k, a, m0, yp, ldy); break;                                     \
-        case KILN_Q5_0: x16_tile(n, KILN_Q5_0, panel, w->k, a, m0, yp, ldy); break;                                     \
-        case KILN_Q5_1: x16_tile(n, KILN_Q5_1, panel, w->k, a, m0, yp, ldy); break;                                     \
-        default: x16_tile(n, KILN_Q8_0, panel, w->k, a, m0, yp, ldy); break;                                            \
-        }                                                                                                               \
-        break;
-    switch (M) { KILN_X16_TILE(1) KILN_X16_TILE(2) KILN_X16_TILE(3) KILN_X16_TILE(4) KILN_X16_TILE(5) KILN_X16_TILE(6) KILN_X16_TILE(7) KILN_X16_TILE(8) }
+#define KILN_X16_ROWS(t) \
+    switch (M) { \
+    case 1: x16_tile(1, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 2: x16_tile(2, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 3: x16_tile(3, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 4: x16_tile(4, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 5: x16_tile(5, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 6: x16_tile(6, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 7: x16_tile(7, t, panel, w->k, a, m0, yp, ldy); break; \
+    case 8: x16_tile(8, t, panel, w->k, a, m0, yp, ldy); break; \
+    }
+#define KILN_X16_TILE(t) case t: KILN_X16_ROWS(t) break;
+    switch (x16_base(w->type)) { KILN_X16_TYPES(KILN_X16_TILE) }
 #undef KILN_X16_TILE
+#undef KILN_X16_ROWS
 }
 #endif
 
@@ -645,8 +631,10 @@ static void x16_panel(const kiln_qw *w, int p, const kiln_act *a, int m0, int M,
 static int x16_selftest(void) {
     enum { K = 256, N = X16_ROWS };
     static uint8_t rows[N * 272], panel[N * 272], back[272];
-    const int types[8] = {KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_Q4_0, KILN_Q4_1, KILN_Q5_0, KILN_Q5_1, KILN_Q8_0};
-    for (int t = 0; t < 8; t++) {
+#define KILN_X16_ITEM(t) t,
+    static const int types[] = {KILN_X16_TYPES(KILN_X16_ITEM)};
+#undef KILN_X16_ITEM
+    for (int t = 0; t < (int)(sizeof types / sizeof *types); t++) {
         const int type = types[t];
         const long rb = kiln_ggml_row_bytes(type, K);
         for (long i = 0; i < N * rb; i++) rows[i] = (uint8_t)((i * 131 + 17 * t + (i >> 7)) % 251);
