@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices read once into panels of 16 rows (worker/native/panels.c) are the same
+"""Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS matrices read once into panels of 16 rows (worker/native/panels.c) are the same
 matrices: every reader gets each row back bit for bit, the decode loops' products equal those of
 the file's rows up to the order of float32 sums, the GEMM's are identical, and a loaded file
 keeps the panels and lets its own pages go."""
@@ -14,7 +14,7 @@ from kiln.worker.loading.gguf_read import release_pages
 
 from .test_native_ggml import _block_bound, blocks, rounded
 
-PANEL_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+PANEL_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS)  # every type the loops take
 SCALES = ["random", "max", "min", "zero", "zeros", "ones"]
 
 
@@ -89,14 +89,14 @@ def test_prefill_gemm_of_panels_is_that_of_the_rows(kernel, qtype, rows):
 
 
 def test_which_matrices_take_panels(kernel, monkeypatch):
-    """The panel types with rows a multiple of 16, where the build has the loops; not other types,
-    not 24 rows, not with KILN_NATIVE_PANELS=0."""
+    """Every type the loops take, with rows a multiple of 16, where the build has the loops; not 24
+    rows, not with KILN_NATIVE_PANELS=0."""
     rng = np.random.default_rng(0)
-    kinds = [(qtype.name, rows) for qtype in (*PANEL_TYPES, Q.IQ4_NL, Q.IQ4_XS) for rows in (32, 24)]
+    kinds = [(qtype.name, rows) for qtype in PANEL_TYPES for rows in (32, 24)]
     matrices = [(blocks(rng, Q[name], rows, 256), name, 256) for name, rows in kinds]
     read = read_matrices(matrices, kernel)  # one native call for all of them
     made = {kind: weights.repacked for kind, weights in zip(kinds, read, strict=True)}
-    assert made == {(name, rows): kernel.panels and name in {t.name for t in PANEL_TYPES} and rows == 32 for name, rows in made}
+    assert made == {(name, rows): kernel.panels and rows == 32 for name, rows in made}
     for (b, name, _), weights in zip(matrices, read, strict=True):  # each its own matrix, bit for bit
         np.testing.assert_array_equal(weights.dequantize(), kernel.ggml_dequantize(b, int(Q[name]), 256))
     monkeypatch.setenv(PANELS_ENV, "0")

@@ -62,7 +62,7 @@ def _panels_wanted() -> bool:
 class GGMLWeights:
     """One matrix as a GGUF stores it: ``out_dims`` rows of ``in_dims`` weights in blocks.
 
-    Where the kernels have panel loops for its type (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: native/panels.c) the
+    Where the kernels have panel loops for its type (every type the loops take: native/panels.c) the
     blocks are read once into panels of 16 rows (``read_matrices``), ``repacked`` says so, and the file's bytes are
     not read again (the loader then lets their pages go): one-row decoding multiplies 16 rows at
     a time, and every other reader gets each row back bit for bit."""

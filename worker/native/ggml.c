@@ -49,7 +49,7 @@ static const uint8_t iq4_levels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141
 
 /* The types with panels of 16 rows (panels.c), one list for the pack, the sizes, the tile
  * dispatch and the self-test: a type added here needs its pack, row and tile code there. */
-#define KILN_X16_TYPES(X) X(KILN_Q4_K) X(KILN_Q5_K) X(KILN_Q6_K) X(KILN_Q4_0) X(KILN_Q4_1) X(KILN_Q5_0) X(KILN_Q5_1) X(KILN_Q8_0)
+#define KILN_X16_TYPES(X) X(KILN_Q4_K) X(KILN_Q5_K) X(KILN_Q6_K) X(KILN_Q4_0) X(KILN_Q4_1) X(KILN_Q5_0) X(KILN_Q5_1) X(KILN_Q8_0) X(KILN_IQ4_NL) X(KILN_IQ4_XS)
 #define KILN_X16_CASE(t) case t:
 
 static inline int ggml_has_panels(int type) {
@@ -813,11 +813,10 @@ int kiln_ggml_matmul(int type, int M, int N, int K, const uint8_t *q, const floa
  * activations are integers with 127 in every block, so their 8-bit form is exact. */
 static int ggml_selftest(void) {
     enum { K = 256 };
-    /* type, bytes per block, weights per block, byte offsets of its float16 fields (-1: none) */
-    static const int types[][5] = {
-        {KILN_Q4_0, 18, 32, 0, -1}, {KILN_Q4_1, 20, 32, 0, 2}, {KILN_Q5_0, 22, 32, 0, -1}, {KILN_Q5_1, 24, 32, 0, 2},
-        {KILN_Q8_0, 34, 32, 0, -1}, {KILN_IQ4_NL, 18, 32, 0, -1}, {KILN_Q4_K, 144, 256, 0, 2}, {KILN_Q5_K, 176, 256, 0, 2},
-        {KILN_Q6_K, 210, 256, 208, -1}, {KILN_IQ4_XS, 136, 256, 0, -1},
+    /* type, byte offsets of its float16 fields in a block (-1: none) */
+    static const int types[][3] = {
+        {KILN_Q4_0, 0, -1}, {KILN_Q4_1, 0, 2}, {KILN_Q5_0, 0, -1}, {KILN_Q5_1, 0, 2}, {KILN_Q8_0, 0, -1},
+        {KILN_IQ4_NL, 0, -1}, {KILN_Q4_K, 0, 2}, {KILN_Q5_K, 0, 2}, {KILN_Q6_K, 208, -1}, {KILN_IQ4_XS, 0, -1},
     };
     uint8_t row[K / 32 * 34];
     float x[K];
@@ -831,9 +830,10 @@ static int ggml_selftest(void) {
         for (long i = 0; i < rb; i++) row[i] = (uint8_t)((i * 101 + 7 * t) % 256);
         /* float16 scales: 1/64 (and a minimum or offset of 1/128) where the type has them */
         const uint16_t s1 = 0x2400, s2 = 0x2000;
-        for (int b = 0; b < K / types[t][2]; b++) {
-            memcpy(row + b * types[t][1] + types[t][3], &s1, 2);
-            if (types[t][4] >= 0) memcpy(row + b * types[t][1] + types[t][4], &s2, 2);
+        const long ub = ggml_unit_bytes(type);
+        for (int b = 0; b < K / ggml_unit_weights(type); b++) {
+            memcpy(row + b * ub + types[t][1], &s1, 2);
+            if (types[t][2] >= 0) memcpy(row + b * ub + types[t][2], &s2, 2);
         }
         double ref = 0.0, mag = 0.0;
         uint8_t u[32];

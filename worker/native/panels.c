@@ -1,4 +1,4 @@
-/* Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices re-laid in panels of 16 rows, for decoding.
+/* Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS matrices re-laid in panels of 16 rows, for decoding.
  *
  * Why: ggml.c's loops take one weight row at a time. At one activation row (a decode step)
  * every super-block's unpacking (nibbles, 6-bit scales, float16) is paid for that one row, and
@@ -25,6 +25,10 @@
  *   Q5_1 (384 bytes = 16 x 24): d[16], m[16] | nibbles: 4 x 64 bytes, then fifth bits, 64
  *   Q8_0 (544 bytes = 16 x 34): d[16] | u = q + 128: 8 x 64 bytes, the t-th holding weights
  *     4 t .. 4 t + 3 of row r at bytes 4 r ..
+ *   IQ4_NL (288 bytes = 16 x 18): Q4_0's, the nibbles indices into the 16 levels (x16_levels)
+ *   IQ4_XS (2176 bytes = 16 x 136): d[16] | lo[4][16 r] (the file's scales_l bytes: group 2 k's
+ *     low 4 scale bits at 0-3, 2 k + 1's at 4-7), hi[2][16 r] (the file's scales_h bytes: group
+ *     4 k + i's top 2 bits at 2 i) | per g: nibbles, 4 x 64 bytes
  * In the t-th 64 bytes of a group's nibbles, byte 4 r + e holds weight 8 t + e of row r in its
  * low nibble and weight 8 t + 4 + e in its high one. Q6_K's two high bits of those weights are
  * in byte 4 r + e of the group's (t / 2)-th 64 bytes of high bits, at bits 4 (t % 2) + 0-1 (low
@@ -71,6 +75,22 @@ static inline void x16_k_unpack(__m128i lo, __m128i hi, int j, __m128i *sc, __m1
 enum { X6_SC = 32, X6_NIB = 288 };
 enum { X0_NIB = 32, X8_Q = 32 };       /* Q4_0, Q5_0 (its fifth bits after the nibbles); Q8_0 */
 enum { X1_M = 32, X1_NIB = 64 };       /* Q4_1, Q5_1: the block's m, then as Q4_0 and Q5_0 */
+enum { XS_LO = 32, XS_HI = 96, XS_NIB = 128 }; /* IQ4_XS */
+
+/* Whether the type's nibbles index IQ4's 16 non-linear levels (iq4_levels: u = level + 128). */
+static inline int x16_iq4(int base) { return base == KILN_IQ4_NL || base == KILN_IQ4_XS; }
+
+/* IQ4_XS's 6-bit scale (ls; the group's c is ls - 32) of group j, row r, from a panel's unit o. */
+static inline int x16_xs_ls(const uint8_t *o, int j, int r) { return ((o[XS_LO + 16 * (j / 2) + r] >> (4 * (j % 2))) & 15) | ((o[XS_HI + 16 * (j / 4) + r] >> (2 * (j % 4))) & 3) << 4; }
+
+#if defined(__SSE2__)
+/* x16_xs_ls for 16 (or 8) rows at once: lo and hi their bytes of lo[j / 2] and hi[j / 4]. */
+static inline __m128i x16_xs_unpack(__m128i lo, __m128i hi, int j) {
+    lo = _mm_and_si128(_mm_srli_epi16(lo, 4 * (j % 2)), _mm_set1_epi8(15));
+    hi = _mm_and_si128(_mm_srli_epi16(hi, 2 * (j % 4)), _mm_set1_epi8(3));
+    return _mm_or_si128(lo, _mm_slli_epi16(hi, 4)); /* at most 3 << 4: no bit crosses a byte */
+}
+#endif
 
 /* Whether the type's u has a fifth bit (kept after each group's nibbles). */
 static inline int x16_five(int base) { return base == KILN_Q5_K || base == KILN_Q5_0 || base == KILN_Q5_1; }
@@ -85,16 +105,16 @@ static inline long x16_group_bytes(int base) { return base == KILN_Q6_K ? 384 : 
 /* Where row r's weights 8 t .. 8 t + 7 of group j start in a panel's unit o: their nibbles' 4
  * bytes and (Q6_K) their high bits' 4 bytes; Q8_0's weights 4 t .. 4 t + 3. */
 static inline const uint8_t *x16_nib(int base, const uint8_t *o, int r, int j, int t) {
-    const long start = base == KILN_Q4_K || base == KILN_Q5_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : base == KILN_Q4_1 || base == KILN_Q5_1 ? X1_NIB : X0_NIB;
+    const long start = base == KILN_Q4_K || base == KILN_Q5_K ? X4_NIB : base == KILN_Q6_K ? X6_NIB : base == KILN_Q4_1 || base == KILN_Q5_1 ? X1_NIB : base == KILN_IQ4_XS ? XS_NIB : X0_NIB;
     return o + start + x16_group_bytes(base) * j + 64 * t + 4 * r;
 }
 static inline const uint8_t *x16_h5(int base, const uint8_t *o, int r, int j) { return x16_nib(base, o, 0, j, 0) + 256 + 4 * r; }
 static inline const uint8_t *x16_hi(const uint8_t *o, int r, int j, int t) { return o + X6_NIB + 384 * j + 256 + 64 * (t / 2) + 4 * r; }
 static inline const uint8_t *x16_q8(const uint8_t *o, int r, int t) { return o + X8_Q + 64 * t + 4 * r; }
 
-/* Group g of row r (of a matrix in panels, K wide) in ggml.c's form: G and u, exactly what
- * group_of and group_u give for the file's row. */
-static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, kiln_group *G, uint8_t u[32]) {
+/* Group g of row r (of a matrix in panels, K wide) in ggml.c's form, but for IQ4 the nibbles
+ * themselves in u (their levels' indices), as the file holds them. */
+static inline void x16_group_raw(int type, const uint8_t *q, int K, long r, int g, kiln_group *G, uint8_t u[32]) {
     const int base = x16_base(type), rp = (int)(r % X16_ROWS), per = x16_unit(type) / 32, j = g % per;
     const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / x16_unit(type)) + g / per) * x16_unit_bytes(type);
     *G = (kiln_group){0};
@@ -112,6 +132,8 @@ static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, k
         break;
     case KILN_Q4_0: G->z = 8; break;
     case KILN_Q5_0: G->z = 16; break;
+    case KILN_IQ4_NL: G->z = 128; break;
+    case KILN_IQ4_XS: G->z = 128; G->c0 = G->c1 = x16_xs_ls(o, j, rp) - 32; break;
     case KILN_Q4_1: case KILN_Q5_1: G->mt = -f16_at(o + X1_M + 2 * rp); break;
     default: /* Q8_0 */
         G->z = 128;
@@ -134,6 +156,14 @@ static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, k
             }
         }
     }
+}
+
+/* Group g of row r (of a matrix in panels, K wide) in ggml.c's form: G and u, exactly what
+ * group_of and group_u give for the file's row. */
+static inline void x16_group(int type, const uint8_t *q, int K, long r, int g, kiln_group *G, uint8_t u[32]) {
+    x16_group_raw(type, q, K, r, g, G, u);
+    if (x16_iq4(x16_base(type)))
+        for (int l = 0; l < 32; l++) u[l] = iq4_levels[u[l]];
 }
 
 static inline void ggml_dequant_at(int type, const uint8_t *q, int K, long r, int g, float *o) {
@@ -186,10 +216,21 @@ static inline __attribute__((always_inline)) void x16_pack_panel(int type, const
                 for (int j = 0; j < 16; j++) o[X6_SC + 16 * j + r] = b[192 + j];
             } else if (type == KILN_Q4_1 || type == KILN_Q5_1) {
                 memcpy(o + X1_M + 2 * r, b + 2, 2);
+            } else if (type == KILN_IQ4_XS) { /* scales_h (2 bytes) at 2, scales_l (4) at 4 */
+                for (int k = 0; k < 4; k++) o[XS_LO + 16 * k + r] = b[4 + k];
+                for (int k = 0; k < 2; k++) o[XS_HI + 16 * k + r] = b[2 + k];
             }
             for (int j = 0; j < per; j++) {
                 uint8_t u[32];
-                group_at(type, row, s * per + j, u);
+                if (x16_iq4(type)) { /* the nibbles, not their levels: weights l and l + 16 share a byte */
+                    const kiln_group G = group_of(type, row, s * per + j);
+                    for (int l = 0; l < 16; l++) {
+                        u[l] = G.src[l] & 15;
+                        u[l + 16] = G.src[l] >> 4;
+                    }
+                } else {
+                    group_at(type, row, s * per + j, u);
+                }
                 if (type == KILN_Q8_0) {
                     for (int t = 0; t < 8; t++) memcpy((uint8_t *)x16_q8(o, r, t), u + 4 * t, 4);
                     continue;
@@ -236,7 +277,7 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
     for (int g = 0; g < K / 32; g++) {
         kiln_group G;
         uint8_t u[32];
-        x16_group(type, q, K, r, g, &G, u);
+        x16_group_raw(type, q, K, r, g, &G, u);
         const int s = g / per, j = g % per;
         const uint8_t *o = q + ((size_t)(r / X16_ROWS) * (K / x16_unit(type)) + s) * x16_unit_bytes(type);
         uint8_t *b = out + (size_t)s * fb;
@@ -265,7 +306,12 @@ static void x16_row(int type, const uint8_t *q, int K, long r, uint8_t *out) {
                 b[64 * h + 32 * (i & 1) + l] |= (uint8_t)((u[l] & 15) << (4 * (i >> 1)));
                 b[128 + 32 * h + l] |= (uint8_t)((u[l] >> 4) << (2 * i));
             }
-        } else if (base == KILN_Q4_0 || base == KILN_Q4_1 || base == KILN_Q5_0 || base == KILN_Q5_1) {
+        } else if (base == KILN_IQ4_XS) { /* d, scales_h at 2 (2 bits a group), scales_l at 4 (4 bits), nibbles l | l + 16 at 8 + 16 j */
+            const int ls = G.c0 + 32;
+            b[2 + j / 4] |= (uint8_t)((ls >> 4) << (2 * (j % 4)));
+            b[4 + j / 2] |= (uint8_t)((ls & 15) << (4 * (j % 2)));
+            for (int l = 0; l < 16; l++) b[8 + 16 * j + l] = (uint8_t)(u[l] | u[l + 16] << 4);
+        } else if (base == KILN_Q4_0 || base == KILN_Q4_1 || base == KILN_Q5_0 || base == KILN_Q5_1 || base == KILN_IQ4_NL) {
             /* ggml.c's blocks: d, then (Q4_1, Q5_1) m, (Q5_0, Q5_1) qh with bit l weight l's fifth, nibbles l | l + 16 */
             const int one = base == KILN_Q4_1 || base == KILN_Q5_1, five = x16_five(base);
             if (one) memcpy(b + 2, o + X1_M + 2 * rp, 2);
@@ -327,6 +373,7 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
     const int base = x16_base(type), per = x16_unit(type) / 32;
     const long ub = x16_unit_bytes(type);
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
+    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4_levels));
     for (int g = 0; g < K / 32; g++) {
         const uint8_t *o = panel + (size_t)(g / per) * ub;
         const int j = g % per;
@@ -346,6 +393,9 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
                 const __m512i h5 = _mm512_loadu_si512(x16_h5(base, o, 0, j));
                 lo = _mm512_or_si512(lo, x16_bit4(h5, 2 * t, bit4));
                 hi = _mm512_or_si512(hi, x16_bit4(h5, 2 * t + 1, bit4));
+            } else if (x16_iq4(base)) {
+                lo = _mm512_shuffle_epi8(levels, lo);
+                hi = _mm512_shuffle_epi8(levels, hi);
             }
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t) * 64, lo);
             _mm512_store_si512(u + ((size_t)g * 8 + 2 * t + 1) * 64, hi);
@@ -362,6 +412,9 @@ static void x16_gemm_pack(int type, const uint8_t *panel, int K, uint8_t *u, flo
             b = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(o + X6_SC + 32 * j + 16)))));
         } else if (base == KILN_Q4_1 || base == KILN_Q5_1) { /* mt = -m */
             m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + X1_M))));
+        } else if (base == KILN_IQ4_XS) { /* c = ls - 32 */
+            const __m128i ls = x16_xs_unpack(_mm_loadu_si128((const __m128i *)(o + XS_LO + 16 * (j / 2))), _mm_loadu_si128((const __m128i *)(o + XS_HI + 16 * (j / 4))), j);
+            a = b = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(ls), _mm512_set1_epi32(32))));
         }
         _mm512_store_ps(s0 + g * 16, a);
         _mm512_store_ps(s1 + g * 16, b);
@@ -376,6 +429,7 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32; /* q4k: scales and mins */
     const int offset = ggml_has_offset(type), z = ggml_zero_point(type); /* offset: the sums of mt kept apart (cor) */
+    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4_levels));
     const long ub = x16_unit_bytes(type);
     for (int s = 0; s < K / x16_unit(type); s++) {
         const uint8_t *o = panel + (size_t)s * ub;
@@ -399,7 +453,13 @@ static inline __attribute__((always_inline)) void x16_tile(const int M, const in
                 const __m512i h5 = _mm512_loadu_si512(x16_h5(type, o, 0, j));
                 for (int i = 0; i < 8; i++) u[i] = _mm512_or_si512(u[i], x16_bit4(h5, i, bit4));
             }
+            if (x16_iq4(type))
+                for (int i = 0; i < 8; i++) u[i] = _mm512_shuffle_epi8(levels, u[i]);
             __m512 sc0 = d, sc1 = _mm512_setzero_ps(), mn = mt1;
+            if (type == KILN_IQ4_XS) {
+                const __m128i ls = x16_xs_unpack(_mm_loadu_si128((const __m128i *)(o + XS_LO + 16 * (j / 2))), _mm_loadu_si128((const __m128i *)(o + XS_HI + 16 * (j / 4))), j);
+                sc0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(ls), _mm512_set1_epi32(32))));
+            }
             if (q4k) {
                 __m128i sc8, mn8;
                 x16_k_unpack(_mm_loadu_si128((const __m128i *)(o + X4_LO + 16 * j)), _mm_loadu_si128((const __m128i *)(o + X4_HI + 16 * (j / 2))), j, &sc8, &mn8);
@@ -463,10 +523,12 @@ static inline __m256i x16_bit4_256(__m256i v, int k, __m256i bit4) {
  * most 2 x 31 x 127 = 7,874 for 4- and 5-bit weights (four add up to 31,496), 2 x 63 x 127 =
  * 16,002 for Q6_K's (two: 32,004). Q8_0's u = q + 128 would saturate a pair (2 x 255 x 127), so
  * on AVX2 its u holds q itself (x16_half) and the products are |q| by xi signed as q is (at most
- * 2 x 128 x 127 = 32,512), with no zero point to take off. */
+ * 2 x 128 x 127 = 32,512), with no zero point to take off; so does IQ4's u = level + 128 (at
+ * most 241), whose signed level is at most 127 in size. */
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #define X16_VNNI 1
 #endif
+static inline int x16_signed(int type) { return type == KILN_Q8_0 || x16_iq4(type); }
 static inline __attribute__((always_inline)) void x16_dots(const int type, const __m256i u[8], const int32_t *x, __m256i *i0, __m256i *i1) {
 #ifdef X16_VNNI
     (void)type;
@@ -485,12 +547,12 @@ static inline __attribute__((always_inline)) void x16_dots(const int type, const
     __m256i p[8];
     for (int t = 0; t < 8; t++) {
         const __m256i bx = _mm256_set1_epi32(x[t]);
-        p[t] = type == KILN_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[t], u[t]), _mm256_sign_epi8(bx, u[t])) : _mm256_maddubs_epi16(u[t], bx);
+        p[t] = x16_signed(type) ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[t], u[t]), _mm256_sign_epi8(bx, u[t])) : _mm256_maddubs_epi16(u[t], bx);
     }
     __m256i s[2];
     for (int h = 0; h < 2; h++) {
         const __m256i *q = p + 4 * h;
-        if (type == KILN_Q8_0)
+        if (x16_signed(type))
             s[h] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(q[0], ones), _mm256_madd_epi16(q[1], ones)),
                                     _mm256_add_epi32(_mm256_madd_epi16(q[2], ones), _mm256_madd_epi16(q[3], ones)));
         else if (type == KILN_Q6_K)
@@ -511,11 +573,12 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
     __m256 acc[KILN_QMM_MAX_ROWS], cor[KILN_QMM_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = cor[m] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_levels));
     const int q4k = type == KILN_Q4_K || type == KILN_Q5_K, q6k = type == KILN_Q6_K, per = x16_unit(type) / 32, offset = ggml_has_offset(type);
 #ifdef X16_VNNI
     const int z = ggml_zero_point(type);
 #else
-    const int z = type == KILN_Q8_0 ? 0 : ggml_zero_point(type); /* Q8_0's u is q itself here (x16_dots) */
+    const int z = x16_signed(type) ? 0 : ggml_zero_point(type); /* Q8_0's and IQ4's u is q itself here (x16_dots) */
 #endif
     const long ub = x16_unit_bytes(type);
     const int hb = 32 * half, hr = 8 * half; /* the half's bytes in each 64, and its first row */
@@ -544,7 +607,17 @@ static inline __attribute__((always_inline)) void x16_half(const int M, const in
                 const __m256i h5 = _mm256_loadu_si256((const __m256i *)(x16_h5(type, o, 0, j) + hb));
                 for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], x16_bit4_256(h5, i, bit4));
             }
+            if (x16_iq4(type)) {
+                for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(levels, u[i]);
+#ifndef X16_VNNI
+                for (int i = 0; i < 8; i++) u[i] = _mm256_xor_si256(u[i], _mm256_set1_epi8((char)0x80)); /* the level itself */
+#endif
+            }
             __m256 sc0 = d, sc1 = _mm256_setzero_ps(), mn = mt1;
+            if (type == KILN_IQ4_XS) {
+                const __m128i ls = x16_xs_unpack(_mm_loadl_epi64((const __m128i *)(o + XS_LO + 16 * (j / 2) + hr)), _mm_loadl_epi64((const __m128i *)(o + XS_HI + 16 * (j / 4) + hr)), j);
+                sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(ls), _mm256_set1_epi32(32))));
+            }
             if (q4k) {
                 __m128i sc8, mn8;
                 x16_k_unpack(_mm_loadl_epi64((const __m128i *)(o + X4_LO + 16 * j + hr)), _mm_loadl_epi64((const __m128i *)(o + X4_HI + 16 * (j / 2) + hr)), j, &sc8, &mn8);
