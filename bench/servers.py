@@ -148,7 +148,7 @@ def _spec_for(name: str, *, scripted_delay: float, scripted_reply: str | None, k
         if kiln_args and "--model" in kiln_args:
             model_id = Path(kiln_args[kiln_args.index("--model") + 1]).name
             return ServerSpec(name, argv, "responses", model_id, port, env, note=f"{model_id}, worker default weights")
-        return ServerSpec(name, argv, "responses", model_id, port, env, note="bundled GGUF, worker default weights (on the CPU: float32 prefill, packed 4-bit native decode)")
+        return ServerSpec(name, argv, "responses", model_id, port, env, note="bundled GGUF, worker default weights (on the CPU with the native kernels: the file's own blocks)")
     if name in ("mlx_lm_f32", "mlx_lm_q4"):
         if importlib.util.find_spec("mlx_lm") is None:
             raise PeerUnavailable("mlx-lm is not installed")

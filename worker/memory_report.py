@@ -8,8 +8,8 @@ which lists them in ``/v1/models`` (``memory``, docs/api.md):
   native decode kernels read (loading/packed.py) and the GGUF blocks kept in place
   (loading/ggml_blocks.py); ``weights_mapped_bytes`` is the part that is the memory-mapped file
   itself (pages shared with the page cache, which the kernel may drop and read again). Matrices
-  read into panels (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 where the build has panel loops) are as large as
-  the file's blocks give or take 3%: the process's own memory at a file's first start, and
+  read into panels (every type the kernels read, where the build has panel loops) are as large as
+  the file's blocks: the process's own memory at a file's first start, and
   mapped too at later ones, from the panels kept on disk (loading/panel_cache.py).
 - ``kv_cache_bytes``: the keys and values of one sequence at the served context window
   (``kv_bytes_per_token`` times the window), in the dtype the model computes in, or in the 8-bit

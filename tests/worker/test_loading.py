@@ -140,16 +140,26 @@ def test_bundled_gguf_loads_and_answers(gguf_model, gguf_answer):
     assert "Paris" in gguf_answer
 
 
-def test_cpu_auto_dequantizes_to_float32(gguf_model):
+def test_cpu_auto_keeps_the_files_blocks_or_float32(gguf_model):
+    """On the CPU, `auto` keeps the bundled file's Q4_1 and Q8_0 matrices as the file's blocks where
+    the native kernels are built (no float copy of them), else dequantizes them to float32; never
+    mlx's quantized layers, whose CPU products are slow."""
     import mlx.core as mx
     import mlx.nn as nn
+
+    from kiln.worker.loading.device import keeps_gguf_blocks
+    from kiln.worker.loading.ggml_blocks import GGMLEmbedding, GGMLLinear
 
     if mx.default_device().type != mx.DeviceType.cpu:
         pytest.skip("auto keeps quantized weights off the CPU")
     assert gguf_model.weights == "float32"
     kinds = {type(m) for _, m in gguf_model.model.named_modules()}
     assert not kinds & {nn.QuantizedLinear, nn.QuantizedEmbedding}
-    assert gguf_model.model.model.embed_tokens.weight.dtype == mx.float32
+    if keeps_gguf_blocks("auto"):
+        assert {GGMLLinear, GGMLEmbedding} <= kinds
+        assert nn.Linear not in kinds and nn.Embedding not in kinds
+    else:
+        assert gguf_model.model.model.embed_tokens.weight.dtype == mx.float32
 
 
 def test_folder_matches_gguf(mlx_folder, gguf_model, gguf_answer):

@@ -4,7 +4,7 @@ Why: a Q4_K_M GGUF (Q4_K plus Q6_K) used to become mlx's affine 4-bit layout and
 then, on the CPU, a float32 copy of every matrix for mlx's BLAS prefill plus a packed copy for
 the native decode kernels: a 669 MB 1B-shaped file took 5.3 GB. Here a matrix of a type the
 native kernels read (worker/native/ggml.c: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
-IQ4_XS; all but Q4_1 kept, see KEPT_TYPES) stays the file's bytes, memory-mapped (pages the kernel may drop and re-read, shared with the page cache, as llama.cpp
+IQ4_XS: KEPT_TYPES) stays the file's bytes, memory-mapped (pages the kernel may drop and re-read, shared with the page cache, as llama.cpp
 maps its files), and nothing else holds its values:
 
 - the native whole-step pass (engine/native_decode.py) multiplies those blocks in place with
@@ -36,16 +36,12 @@ from .panel_cache import PanelCache
 TYPE_IDS: dict[str, int] = {
     "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23,
 }  # fmt: skip
-# Types the CPU worker keeps as blocks: every type the kernels read but Q4_1, which keeps mlx's
-# affine layout and its packed kernel (packed.py) in a file of only the types mlx holds as they
-# are (AFFINE_WHOLE): the bundled SmolLM2-135M is such a Q4_1 file, and its float32 prefill and
-# tuned decode figures (docs/performance.md) are not re-measured on blocks. A Q4_1 file with any
-# other type (llama-quantize writes the output head as Q6_K) keeps every matrix as blocks: in
-# mlx's layout its Q6_K head was float16, which the native pass does not read, so such a file
-# decoded through mlx alone (a 1B file: 3.8 tok/s against llama-server's 10).
-AFFINE_FILE_TYPES = frozenset({"Q4_1"})
-AFFINE_WHOLE = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
-KEPT_TYPES = frozenset(TYPE_IDS) - AFFINE_FILE_TYPES
+# Types the CPU worker keeps as blocks: every type the kernels read. Q4_1 files (the bundled
+# SmolLM2-135M is one) kept mlx's affine layout, a float32 copy for prefill and a packed copy for
+# decoding until the ninth session; on their blocks (Q4_1 in panels, prompts through the GEMM) the
+# bundled model decoded 1.9x as fast, prefilled a 1,040-token prompt 5.4x as fast and its worker
+# held 239 MB instead of 862 (docs/performance.md, Results).
+KEPT_TYPES = frozenset(TYPE_IDS)
 # Floats of one dequantized piece when mlx multiplies (32 MB): what a prefill adds at most.
 _PIECE_FLOATS = 1 << 23
 # Rows up to which a product inside mlx's graph dequantizes in registers (reading the weights

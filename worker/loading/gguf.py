@@ -23,10 +23,10 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .errors import UnsupportedModelError
-from .ggml_blocks import AFFINE_FILE_TYPES, AFFINE_WHOLE, KEPT_TYPES, GGMLEmbedding, GGMLLinear, read_matrices
+from .ggml_blocks import KEPT_TYPES, GGMLEmbedding, GGMLLinear, read_matrices
 from .gguf_arch import ARCHITECTURES, DEFAULT_CONTEXT, TOP_NAMES, Architecture, scalar
 from .gguf_header import GGUFHeader, read_header
-from .gguf_read import GGUFContents, UnsupportedTensorError, ggml_type_name, read_gguf, release_pages
+from .gguf_read import GGUFContents, UnsupportedTensorError, read_gguf, release_pages
 from .gguf_vocab import UnsupportedTokenizerError
 from .info import ModelInfo
 from .panel_cache import PanelCache
@@ -125,10 +125,8 @@ _BLOCK_MODULES = frozenset({"llama", "qwen2", "qwen3"})
 
 def _kept_types(header: GGUFHeader | None, keep_blocks: bool) -> frozenset[str]:
     """The GGML types to keep as the file's blocks: none unless asked, the kernels are built and the
-    architecture decodes natively; none either for a Q4_1 file of only types mlx holds as they are
-    (the bundled one: Q4_1 and a Q8_0 embedding), and every type the kernels read for a Q4_1 file
-    with others (ggml_blocks.AFFINE_WHOLE says why). `header` None: unreadable (read_gguf says
-    what is wrong with the file)."""
+    architecture decodes natively, else every type the kernels read. `header` None: unreadable
+    (read_gguf says what is wrong with the file)."""
     if not keep_blocks or header is None:
         return frozenset()
     from ..native.build import cpu_kernels
@@ -136,9 +134,6 @@ def _kept_types(header: GGUFHeader | None, keep_blocks: bool) -> frozenset[str]:
     arch = ARCHITECTURES.get(str(header.metadata.get("general.architecture")))
     if arch is None or arch.module not in _BLOCK_MODULES or cpu_kernels() is None:
         return frozenset()
-    types = {ggml_type_name(t.type_id) for t in header.tensors}
-    if types & AFFINE_FILE_TYPES:
-        return frozenset() if types <= AFFINE_WHOLE else KEPT_TYPES | AFFINE_FILE_TYPES
     return KEPT_TYPES
 
 
