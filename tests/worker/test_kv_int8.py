@@ -110,12 +110,12 @@ def test_served_with_the_8_bit_cache_through_the_scheduler(tmp_path, tokenizer_m
 
 
 def test_a_model_the_pass_does_not_take_whole_keeps_float32(caplog):
-    """The bundled model (mlx's packed layout: prompts go through mlx, which cannot read 8 bits)
-    keeps the float32 cache and says why."""
+    """The bundled model with `--weights float32` (float32 copies and packed ones, not the file's
+    blocks: prompts go through mlx, which cannot read 8 bits) keeps the float32 cache and says why."""
     from kiln.worker.engine.native_decode import NativeDecoder
     from kiln.worker.loading.loader import load_model
 
-    model = load_model(None).model
+    model = load_model(None, weights="float32").model
     with caplog.at_level(logging.WARNING, logger="kiln.worker.engine.native_decode"):
         decoder = NativeDecoder.build(model, kv="int8")
     if decoder is None:
